@@ -1,0 +1,101 @@
+"""Typed configuration: the base class, YAML loading, ``--set`` overrides, clear errors.
+
+Each component keeps its own config class next to it (``EngineConfig`` in ``engine/``,
+``ObjectiveConfig`` in ``optim/``...); ``rollwise.train.config.RunConfig`` composes them.
+Fields are documented with ``Field(description=...)`` once, and that text is what
+``rollwise list`` and error messages show.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class ConfigError(ValueError):
+    """A configuration problem a user can fix; the message names the field and the fix."""
+
+
+class StrictModel(BaseModel):
+    """Base for every config class: unknown keys are errors, values are validated on set."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The config class found by walking ``loc`` (a pydantic error location) from ``model``."""
+    current: Any = model
+    for part in loc:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        current = field.annotation
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def format_validation_error(err: ValidationError, model: type[BaseModel]) -> str:
+    """Turn pydantic's error into lines a user can act on, suggesting the closest key."""
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        path = ".".join(str(p) for p in loc)
+        if e["type"] == "extra_forbidden":
+            parent = _model_at(model, loc[:-1])
+            valid = sorted(parent.model_fields) if parent else []
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+            hint = f"; did you mean '{'.'.join(map(str, loc[:-1] + (close[0],)))}'?" if close else ""
+            lines.append(f"unknown config key '{path}'{hint} (valid here: {', '.join(valid)})")
+        else:
+            lines.append(f"config field '{path}': {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def validate(model: type[BaseModel], data: dict) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, model)) from None
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"optim.lr=1e-5"`` → (["optim", "lr"], 1e-5); the value is parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' must look like key.path=value")
+    key, raw = item.split("=", 1)
+    if not key.strip():
+        raise ConfigError(f"override '{item}' has an empty key")
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override '{item}': '{part}' is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def load_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"recipe '{p}' does not exist (pass a path to a YAML file, e.g. recipes/demo.yaml)")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"recipe '{p}' is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe '{p}' must be a mapping of sections, got {type(data).__name__}")
+    return data

@@ -1,0 +1,227 @@
+"""The embedded engine (v1): batched sampling from any HF causal LM with a KV cache.
+
+Contract (DESIGN.md "Engine"): ``submit(requests) -> handles``, ``step()``,
+``run_until(condition)``, ``load_weights(...)``. It sees token ids and sampling settings,
+never tasks or rewards. Every generated token comes with its log-probability under the
+sampling distribution actually used (after temperature, top-k and top-p) and the policy
+version that produced it.
+
+v1 batches statically: up to ``max_batch_size`` queued requests are left-padded and
+prefilled together, then decoded one token per ``step()`` until every row has finished.
+Each request samples from its own ``torch.Generator`` (seeded by ``SamplingParams.seed``,
+or from the engine's seed at submit time), so results do not depend on which other
+requests share its batch up to floating-point effects of batch size.
+Continuous batching, ``fork``, ``pause``/``resume`` arrive with engine v2 (issue #3).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from rollwise.engine.sampling import SamplingParams, sample_next
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class Completion:
+    """A finished request: sampled ids with their behaviour log-probs and policy versions."""
+
+    handle: int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str  # "stop" | "length"
+
+
+@dataclass
+class EngineStats:
+    prefill_tokens: int = 0  # prompt tokens run through the model (padding excluded)
+    decode_tokens: int = 0  # sampled tokens kept in completions
+    padded_decode_slots: int = 0  # decode-step rows computed, including finished rows
+    forward_calls: int = 0
+    wall_seconds: float = 0.0
+
+    @property
+    def occupancy(self) -> float:
+        """Share of computed decode rows that produced a kept token."""
+        return self.decode_tokens / self.padded_decode_slots if self.padded_decode_slots else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "prefill_tokens": self.prefill_tokens,
+            "decode_tokens": self.decode_tokens,
+            "padded_decode_slots": self.padded_decode_slots,
+            "forward_calls": self.forward_calls,
+            "occupancy": self.occupancy,
+            "wall_seconds": self.wall_seconds,
+        }
+
+
+@dataclass
+class _Batch:
+    handles: list[int]
+    requests: list[Request]
+    generators: list[torch.Generator]
+    cache: object
+    attention_mask: torch.Tensor  # [B, T_so_far]
+    next_positions: torch.Tensor  # [B]
+    last_tokens: torch.Tensor | None = None  # [B] sampled at the previous step
+    tokens: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[float]] = field(default_factory=list)
+    done: list[str | None] = field(default_factory=list)
+
+
+class Engine:
+    """Batched generation with a KV cache for one HF causal LM (CPU or one GPU)."""
+
+    def __init__(self, model, *, pad_token_id: int, max_batch_size: int = 64, seed: int = 0):
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.max_batch_size = max_batch_size
+        self.version = 0
+        self.stats = EngineStats()
+        self._seeder = torch.Generator().manual_seed(seed)
+        self._queue: list[tuple[int, Request, torch.Generator]] = []
+        self._finished: dict[int, Completion] = {}
+        self._batch: _Batch | None = None
+        self._next_handle = 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # -- contract -------------------------------------------------------------------------
+    def submit(self, requests: list[Request]) -> list[int]:
+        handles = []
+        for req in requests:
+            if not req.prompt_ids:
+                raise ValueError("engine request has an empty prompt (prompt_ids must hold at least one token)")
+            seed = req.params.seed
+            if seed is None:
+                seed = int(torch.randint(0, 2**62, (1,), generator=self._seeder))
+            gen = torch.Generator(device=self.device).manual_seed(seed)
+            self._queue.append((self._next_handle, req, gen))
+            handles.append(self._next_handle)
+            self._next_handle += 1
+        return handles
+
+    def step(self) -> list[Completion]:
+        """Advance generation by one token (starting a batch first if none is running)."""
+        start = time.perf_counter()
+        finished: list[Completion] = []
+        if self._batch is None and self._queue:
+            self._start_batch()
+        elif self._batch is not None:
+            self._decode()
+        if self._batch is not None and all(d is not None for d in self._batch.done):
+            finished = self._retire()
+        self.stats.wall_seconds += time.perf_counter() - start
+        return finished
+
+    def run_until(self, condition: Callable[[dict[int, Completion]], bool] | None = None) -> dict[int, Completion]:
+        """Step until ``condition(finished)`` holds (default: nothing left to do); return and clear finished."""
+        while self._queue or self._batch is not None:
+            for c in self.step():
+                self._finished[c.handle] = c
+            if condition is not None and condition(self._finished):
+                break
+        done, self._finished = self._finished, {}
+        return done
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        """Submit, run to completion, and return completions in request order."""
+        handles = self.submit(requests)
+        done = self.run_until()
+        return [done[h] for h in handles]
+
+    def load_weights(self, source) -> int:
+        """Take new weights (a state dict, or a model whose parameters are shared) and bump the version."""
+        if isinstance(source, dict):
+            self.model.load_state_dict(source)
+        elif source is not self.model:
+            self.model.load_state_dict(source.state_dict())
+        self.version += 1
+        return self.version
+
+    # -- internals ------------------------------------------------------------------------
+    @torch.no_grad()
+    def _start_batch(self) -> None:
+        take, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size :]
+        handles, requests, gens = zip(*take)
+        width = max(len(r.prompt_ids) for r in requests)
+        dev = self.device
+        ids = torch.full((len(requests), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for i, r in enumerate(requests):  # left padding: every row's last token is at the end
+            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            mask[i, width - len(r.prompt_ids) :] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+            use_cache=True, logits_to_keep=1,
+        )
+        self.stats.prefill_tokens += int(mask.sum())
+        self.stats.forward_calls += 1
+        n = len(requests)
+        self._batch = _Batch(
+            handles=list(handles), requests=list(requests), generators=list(gens), cache=out.past_key_values,
+            attention_mask=mask, next_positions=positions[:, -1] + 1,
+            tokens=[[] for _ in range(n)], logprobs=[[] for _ in range(n)], done=[None] * n,
+        )
+        self._sample(out.logits[:, -1, :])
+
+    @torch.no_grad()
+    def _decode(self) -> None:
+        b = self._batch
+        b.attention_mask = torch.cat([b.attention_mask, b.attention_mask.new_ones((len(b.handles), 1))], dim=1)
+        out = self.model(
+            input_ids=b.last_tokens[:, None], attention_mask=b.attention_mask, position_ids=b.next_positions[:, None],
+            past_key_values=b.cache, use_cache=True,
+        )
+        b.cache = out.past_key_values
+        b.next_positions = b.next_positions + 1
+        self.stats.forward_calls += 1
+        self._sample(out.logits[:, -1, :])
+
+    def _sample(self, logits: torch.Tensor) -> None:
+        b = self._batch
+        token_ids, logprobs = sample_next(logits.float(), [r.params for r in b.requests], b.generators)
+        token_list, logprob_list = token_ids.tolist(), logprobs.tolist()
+        self.stats.padded_decode_slots += len(b.handles)
+        for i, req in enumerate(b.requests):
+            if b.done[i] is not None:
+                continue
+            tok = token_list[i]
+            b.tokens[i].append(tok)
+            b.logprobs[i].append(logprob_list[i])
+            self.stats.decode_tokens += 1
+            if tok in req.params.stop_token_ids:
+                b.done[i] = "stop"
+            elif len(b.tokens[i]) >= req.params.max_new_tokens:
+                b.done[i] = "length"
+        finished = torch.tensor([d is not None for d in b.done], device=token_ids.device)
+        b.last_tokens = torch.where(finished, torch.full_like(token_ids, self.pad_token_id), token_ids)
+
+    def _retire(self) -> list[Completion]:
+        b, self._batch = self._batch, None
+        return [
+            Completion(
+                handle=h, prompt_ids=list(r.prompt_ids), token_ids=toks, logprobs=lps,
+                versions=[self.version] * len(toks), finish_reason=done,
+            )
+            for h, r, toks, lps, done in zip(b.handles, b.requests, b.tokens, b.logprobs, b.done)
+        ]

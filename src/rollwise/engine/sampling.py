@@ -1,0 +1,70 @@
+"""Sampling settings and the per-row sampler (temperature, top-k, top-p, per-request seed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples. ``temperature == 0`` means greedy (its log-probs are 0:
+    under the distribution actually used, the argmax has probability 1)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 128
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+def filtered_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
+    """Log-probs of the sampling distribution per row: logits [B, V] / temperature [B],
+    restricted to the top_k [B] (0 = all) tokens and the top-p [B] nucleus."""
+    scaled = logits / temperature[:, None]
+    vocab = logits.shape[-1]
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)  # [B, V]
+    rank = torch.arange(vocab, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+    drop = rank >= k[:, None]
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+    # keep a token while the mass strictly before it is below top_p (the first token always stays)
+    drop |= (probs.cumsum(-1) - probs) >= top_p[:, None]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    filtered = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
+    return filtered.log_softmax(-1)
+
+
+def sample_next(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]):
+    """Sample one token per row; return (token_ids [B], logprobs [B]) under the distribution used."""
+    rows = logits.shape[0]
+    dev = logits.device
+    greedy = torch.tensor([p.temperature == 0 for p in params], device=dev)
+    temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=dev)
+    top_k = torch.tensor([p.top_k for p in params], device=dev)
+    top_p = torch.tensor([p.top_p for p in params], device=dev)
+    if all(p.temperature == 1.0 and p.top_k == 0 and p.top_p == 1.0 for p in params):
+        logprobs = logits.log_softmax(-1)  # the common case, without sorting the vocabulary
+    else:
+        logprobs = filtered_logprobs(logits, temperature, top_k, top_p)
+    # Gumbel-max with each request's own generator: argmax(logp + G) ~ Categorical(exp(logp)).
+    uniform = torch.stack([torch.rand(logits.shape[-1], generator=g, device=dev) for g in generators])
+    gumbel = -torch.log(-torch.log(uniform.clamp_(1e-20, 1.0)).clamp_(min=1e-20))
+    sampled = (logprobs + gumbel).argmax(-1)
+    tokens = torch.where(greedy, logits.argmax(-1), sampled)
+    chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+    chosen = torch.where(greedy, torch.zeros_like(chosen), chosen)
+    assert tokens.shape == (rows,)
+    return tokens, chosen

@@ -1,0 +1,85 @@
+"""``TrainBatch``: padded tensors built from rollout groups at the last moment.
+
+Sequences are ``prompt + completion``, right-padded. Per-token tensors are aligned with
+next-token log-probs: column ``t`` scores ``input_ids[:, t + 1]``, so they are ``[B, T-1]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rollwise.types import RolloutGroup
+
+
+@dataclass
+class TrainBatch:
+    input_ids: torch.Tensor  # [B, T] prompt + completion, right-padded
+    attention_mask: torch.Tensor  # [B, T]
+    completion_mask: torch.Tensor  # [B, T-1] 1 where column t scores a sampled completion token
+    behavior_logprobs: torch.Tensor  # [B, T-1] from the engine, 0 off the completion
+    advantages: torch.Tensor  # [B, T-1] per token (sequence advantages broadcast)
+    rewards: torch.Tensor  # [B]
+    group_ids: torch.Tensor  # [B]
+    completion_lengths: torch.Tensor  # [B]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, rows: slice | torch.Tensor) -> "TrainBatch":
+        """A sub-batch (micro-batch) of the given rows, trimmed to its own longest sequence."""
+        attn = self.attention_mask[rows]
+        width = int(attn.sum(-1).max())
+        return TrainBatch(
+            input_ids=self.input_ids[rows][:, :width],
+            attention_mask=attn[:, :width],
+            completion_mask=self.completion_mask[rows][:, : width - 1],
+            behavior_logprobs=self.behavior_logprobs[rows][:, : width - 1],
+            advantages=self.advantages[rows][:, : width - 1],
+            rewards=self.rewards[rows],
+            group_ids=self.group_ids[rows],
+            completion_lengths=self.completion_lengths[rows],
+        )
+
+    def to(self, device) -> "TrainBatch":
+        return TrainBatch(**{k: v.to(device) for k, v in self.__dict__.items()})
+
+
+def build_batch(groups: list[RolloutGroup], pad_token_id: int, mask_truncated: bool = False) -> TrainBatch:
+    """Pad the rollouts of ``groups`` into a TrainBatch; ``Rollout.advantage`` must be set.
+
+    ``mask_truncated`` (TRL's ``mask_truncated_completions``) zeroes the completion mask of
+    rollouts that hit the length limit, so they carry no gradient.
+    """
+    rollouts = [(gi, r) for gi, g in enumerate(groups) for r in g.rollouts]
+    if not rollouts:
+        raise ValueError("build_batch got no rollouts")
+    width = max(len(r.prompt_ids) + len(r.completion_ids) for _, r in rollouts)
+    n = len(rollouts)
+    input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, width), dtype=torch.long)
+    completion_mask = torch.zeros((n, width - 1))
+    behavior = torch.zeros((n, width - 1))
+    advantages = torch.zeros((n, width - 1))
+    for i, (_, r) in enumerate(rollouts):
+        if r.advantage is None or len(r.advantage) != len(r.completion_ids):
+            raise ValueError(f"rollout {i} of prompt {r.prompt_id} has no per-token advantage set")
+        p, c = len(r.prompt_ids), len(r.completion_ids)
+        input_ids[i, : p + c] = torch.tensor(r.prompt_ids + r.completion_ids)
+        attention_mask[i, : p + c] = 1
+        span = slice(p - 1, p - 1 + c)  # column p-1 scores the first completion token
+        keep = not (mask_truncated and r.finish_reason == "length")
+        completion_mask[i, span] = float(keep)
+        behavior[i, span] = torch.tensor(r.behavior_logprobs)
+        advantages[i, span] = torch.tensor(r.advantage)
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        completion_mask=completion_mask,
+        behavior_logprobs=behavior,
+        advantages=advantages,
+        rewards=torch.tensor([r.reward for _, r in rollouts]),
+        group_ids=torch.tensor([gi for gi, _ in rollouts]),
+        completion_lengths=torch.tensor([len(r.completion_ids) for _, r in rollouts]),
+    )

@@ -1,0 +1,135 @@
+"""``arith``: multi-digit addition and subtraction with digit-by-digit working.
+
+Prompt ``347+58=``; the completion works column by column from the least significant
+digit, each column written ``x+y+c=CD`` (C the carry out, D the digit), then the answer
+after ``#``::
+
+    347+58= 7+8+0=15 4+5+1=10 3+0+1=04 #405
+
+Subtraction writes ``x-y-b=BD`` (B the borrow out); when the result is negative the
+completion starts with ``neg`` and works ``b-a`` instead::
+
+    58-347= neg 7-8-0=19 4-5-1=18 3-0-1=02 #-289
+
+Operands have ``min_digits``..``max_digits`` digits, so completions run from about 12
+tokens (one column) to about 70 (six columns): the length variance later rollout
+strategies exploit. The reward checks only the number after the last ``#``.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from rollwise.tasks.base import Task
+from rollwise.types import Prompt, Score
+
+_ANSWER = re.compile(r"#\s*(-?\d+)\s*$")
+
+
+def _columns(a: int, b: int, op: str) -> list[str]:
+    da, db = str(a)[::-1], str(b)[::-1]
+    width = max(len(da), len(db))
+    cols, carry = [], 0
+    for i in range(width):
+        x = int(da[i]) if i < len(da) else 0
+        y = int(db[i]) if i < len(db) else 0
+        if op == "+":
+            s = x + y + carry
+            carry_out, digit = divmod(s, 10)
+        else:
+            s = x - y - carry
+            carry_out, digit = (1, s + 10) if s < 0 else (0, s)
+        cols.append(f"{x}{op}{y}{op}{carry}={carry_out}{digit}")
+        carry = carry_out
+    return cols
+
+
+def solve(a: int, op: str, b: int) -> str:
+    """The demonstration completion (working and answer) for ``a op b``."""
+    if op == "+":
+        return " " + " ".join(_columns(a, b, "+")) + f" #{a + b}"
+    if a >= b:
+        return " " + " ".join(_columns(a, b, "-")) + f" #{a - b}"
+    return " neg " + " ".join(_columns(b, a, "-")) + f" #{a - b}"
+
+
+def parse_answer(completion: str) -> int | None:
+    """The integer after the last ``#`` (the whole completion must end there), else None."""
+    m = _ANSWER.search(completion.strip())
+    return int(m.group(1)) if m else None
+
+
+def arith_reward(prompts, completions, answer, **_) -> list[float]:
+    """1.0 when the number after the final ``#`` equals ``answer``, else 0.0 with a reason.
+
+    >>> arith_reward(["2+2="], [" 2+2+0=04 #4"], answer=["4"])
+    [1.0]
+    """
+    out = []
+    for completion, expected in zip(completions, answer):
+        got = parse_answer(completion)
+        if got is None:
+            out.append(Score(0.0, "no final '#<integer>' answer"))
+        elif got != int(expected):
+            out.append(Score(0.0, f"wrong answer {got} (expected {expected})"))
+        else:
+            out.append(Score(1.0))
+    return out
+
+
+class ArithSource:
+    """Procedural train prompts: prompt ``i`` is a function of ``(seed, i)``, skipping eval items."""
+
+    def __init__(self, seed: int, min_digits: int, max_digits: int, ops: str, exclude: set[str]):
+        self.seed, self.min_digits, self.max_digits, self.ops = seed, min_digits, max_digits, ops
+        self.exclude = exclude
+
+    def sample(self, rng: random.Random) -> tuple[int, str, int]:
+        def operand() -> int:
+            digits = rng.randint(self.min_digits, self.max_digits)
+            return rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10**digits - 1)
+
+        return operand(), rng.choice(self.ops), operand()
+
+    def get(self, index: int) -> Prompt:
+        rng = random.Random(f"arith:{self.seed}:{index}")
+        while True:
+            a, op, b = self.sample(rng)
+            text = f"{a}{op}{b}="
+            if text not in self.exclude:
+                return make_prompt(f"train-{index}", a, op, b)
+
+
+def make_prompt(pid: str, a: int, op: str, b: int) -> Prompt:
+    answer = a + b if op == "+" else a - b
+    return Prompt(id=pid, text=f"{a}{op}{b}=", answer=str(answer), columns={"a": a, "op": op, "b": b})
+
+
+def demonstrate(prompt: Prompt) -> str:
+    c = prompt.columns
+    return solve(c["a"], c["op"], c["b"])
+
+
+def build(seed: int = 0, eval_size: int = 200, min_digits: int = 1, max_digits: int = 5, ops: str = "+-") -> Task:
+    if not 1 <= min_digits <= max_digits <= 12:
+        raise ValueError(f"arith needs 1 <= min_digits <= max_digits <= 12, got {min_digits}..{max_digits}")
+    if not ops or set(ops) - set("+-"):
+        raise ValueError(f"arith ops must be made of '+' and '-', got {ops!r}")
+    eval_rng = random.Random(f"arith-eval:{seed}")
+    sampler = ArithSource(seed, min_digits, max_digits, ops, exclude=set())
+    evals, seen = [], set()
+    while len(evals) < eval_size:
+        a, op, b = sampler.sample(eval_rng)
+        if f"{a}{op}{b}=" not in seen:
+            seen.add(f"{a}{op}{b}=")
+            evals.append(make_prompt(f"eval-{len(evals)}", a, op, b))
+    sampler.exclude = seen
+    return Task(
+        name="arith",
+        train=sampler,
+        eval=evals,
+        rewards={"arith": arith_reward},
+        demonstrate=demonstrate,
+        description=f"{min_digits}-{max_digits} digit {' and '.join(ops)} with column-by-column working",
+    )

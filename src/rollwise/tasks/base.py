@@ -1,0 +1,62 @@
+"""What a task is: a train stream of prompts, a held-out eval split, rewards, demonstrations.
+
+Train prompts are addressed by an integer cursor (``train.get(i)``), so a checkpoint only
+needs the cursor to resume the data stream exactly. Procedural tasks generate prompt ``i``
+from ``(seed, i)``; file datasets walk a seeded permutation per epoch.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rollwise.types import Prompt
+
+
+class PromptSource(Protocol):
+    def get(self, index: int) -> Prompt: ...
+
+
+@dataclass
+class ListSource:
+    """A finite list of prompts, visited in a fresh seeded order each epoch."""
+
+    prompts: Sequence[Prompt]
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            raise ValueError("dataset has no training prompts")
+        self._orders: dict[int, list[int]] = {}
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            order = list(range(len(self.prompts)))
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
+            self._orders = {epoch: order}  # keep one epoch's order in memory
+        return self._orders[epoch]
+
+    def get(self, index: int) -> Prompt:
+        epoch, pos = divmod(index, len(self.prompts))
+        return self.prompts[self._order(epoch)[pos]]
+
+
+@dataclass
+class Task:
+    """Everything the loop needs from a task.
+
+    ``rewards`` maps a name to a TRL-style reward function
+    (``fn(prompts, completions, completion_ids, **columns) -> list[float | None]``);
+    ``demonstrate(prompt)`` returns a correct completion for the SFT warm start (or None
+    when the task has no demonstrations).
+    """
+
+    name: str
+    train: PromptSource
+    eval: list[Prompt]
+    rewards: dict[str, Callable]
+    demonstrate: Callable[[Prompt], str | None] | None = None
+    description: str = ""
+    stop_strings: list[str] = field(default_factory=list)

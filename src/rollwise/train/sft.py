@@ -1,0 +1,65 @@
+"""Supervised warm start on a task's synthetic demonstrations.
+
+The loss covers completion tokens (and the closing EOS) only, never the prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rollwise.model.logprobs import token_logprobs_and_entropy
+from rollwise.tasks.base import Task
+
+
+def demo_batch(tokenizer, task: Task, start: int, size: int, device) -> tuple[torch.Tensor, ...]:
+    """Right-padded (input_ids, attention_mask, loss_mask) [B, T] for demonstrations start..start+size."""
+    rows, masks = [], []
+    for i in range(start, start + size):
+        prompt = task.train.get(i)
+        target = task.demonstrate(prompt)
+        p_ids = tokenizer(prompt.text)["input_ids"]
+        c_ids = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(p_ids + c_ids)
+        masks.append([0] * len(p_ids) + [1] * len(c_ids))
+    width = max(map(len, rows))
+    ids = torch.full((size, width), tokenizer.pad_token_id, dtype=torch.long)
+    attn = torch.zeros((size, width), dtype=torch.long)
+    loss_mask = torch.zeros((size, width), dtype=torch.float)
+    for i, (r, m) in enumerate(zip(rows, masks)):
+        ids[i, : len(r)] = torch.tensor(r)
+        attn[i, : len(r)] = 1
+        loss_mask[i, : len(m)] = torch.tensor(m, dtype=torch.float)
+    return ids.to(device), attn.to(device), loss_mask[:, 1:].to(device)
+
+
+def sft(
+    model, tokenizer, task: Task, *, steps: int, batch_size: int = 64, lr: float = 1e-3, warmup: int = 20,
+    data_offset: int = 10**9, on_step: Callable[[int, float], None] | None = None,
+) -> list[float]:
+    """Train on demonstrations for ``steps`` steps; return the loss per step.
+
+    ``data_offset`` keeps SFT examples apart from the RL stream's first prompts.
+    """
+    if task.demonstrate is None:
+        raise ValueError(f"task '{task.name}' has no demonstrations for the SFT warm start")
+    device = next(model.parameters()).device
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    losses = []
+    for step in range(steps):
+        ids, attn, loss_mask = demo_batch(tokenizer, task, data_offset + step * batch_size, batch_size, device)
+        logprobs, _ = token_logprobs_and_entropy(model, ids, attn, with_entropy=False)
+        loss = -(logprobs * loss_mask).sum() / loss_mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if on_step is not None:
+            on_step(step, losses[-1])
+    model.eval()
+    return losses

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -27,16 +27,45 @@ class StrictModel(BaseModel):
 
 
 def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
-    """The config class found by walking ``loc`` (a pydantic error location) from ``model``."""
+    """The config class found by walking ``loc`` (a pydantic error location) from ``model``.
+
+    Discriminated unions appear in ``loc`` as their tag (``task.arith.max_digits``).
+    """
     current: Any = model
     for part in loc:
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return None
+            current = field.annotation
+            continue
+        members = {m for m in get_args(current) if isinstance(m, type) and issubclass(m, BaseModel)}
+        tagged = [m for m in members if str(part) in _tags(m)]
+        if not tagged:
             return None
-        field = current.model_fields.get(str(part))
-        if field is None:
-            return None
-        current = field.annotation
+        current = tagged[0]
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _tags(model: type[BaseModel]) -> tuple:
+    field = model.model_fields.get("name")
+    return get_args(field.annotation) if field is not None else ()
+
+
+def _user_path(model: type[BaseModel], loc: tuple) -> tuple:
+    """``loc`` without discriminator tags: what the user wrote (``task.max_digits``)."""
+    out, current = [], model
+    for part in loc:
+        nxt = _model_at(model, tuple(out) + (part,)) if current is not None else None
+        is_tag = current is not None and not (isinstance(current, type) and issubclass(current, BaseModel))
+        if not is_tag:
+            out.append(part)
+        current = nxt if nxt is not None else (
+            current.model_fields[str(part)].annotation
+            if isinstance(current, type) and issubclass(current, BaseModel) and str(part) in current.model_fields
+            else None
+        )
+    return tuple(out)
 
 
 def format_validation_error(err: ValidationError, model: type[BaseModel]) -> str:
@@ -44,13 +73,20 @@ def format_validation_error(err: ValidationError, model: type[BaseModel]) -> str
     lines = []
     for e in err.errors():
         loc = tuple(e["loc"])
-        path = ".".join(str(p) for p in loc)
+        path = ".".join(str(p) for p in _user_path(model, loc))
         if e["type"] == "extra_forbidden":
             parent = _model_at(model, loc[:-1])
             valid = sorted(parent.model_fields) if parent else []
             close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
-            hint = f"; did you mean '{'.'.join(map(str, loc[:-1] + (close[0],)))}'?" if close else ""
+            prefix = path.rsplit(".", 1)[0] + "." if "." in path else ""
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
             lines.append(f"unknown config key '{path}'{hint} (valid here: {', '.join(valid)})")
+        elif e["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            tags = e.get("ctx", {}).get("expected_tags", "")
+            got = e["input"].get("name") if isinstance(e["input"], dict) else e["input"]
+            close = difflib.get_close_matches(str(got), [t.strip(" '") for t in str(tags).split(",")], n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            lines.append(f"config field '{path}.name': '{got}' is not one of {tags}{hint}")
         else:
             lines.append(f"config field '{path}': {e['msg']} (got {e.get('input')!r})")
     return "\n".join(lines)

@@ -78,6 +78,7 @@ class _Batch:
     last_tokens: torch.Tensor | None = None  # [B] sampled at the previous step
     tokens: list[list[int]] = field(default_factory=list)
     logprobs: list[list[float]] = field(default_factory=list)
+    versions: list[list[int]] = field(default_factory=list)  # policy version that sampled each token
     done: list[str | None] = field(default_factory=list)
 
 
@@ -180,7 +181,8 @@ class Engine:
         self._batch = _Batch(
             handles=list(handles), requests=list(requests), generators=list(gens), cache=out.past_key_values,
             attention_mask=mask, next_positions=positions[:, -1] + 1,
-            tokens=[[] for _ in range(n)], logprobs=[[] for _ in range(n)], done=[None] * n,
+            tokens=[[] for _ in range(n)], logprobs=[[] for _ in range(n)], versions=[[] for _ in range(n)],
+            done=[None] * n,
         )
         self._sample(out.logits[:, -1, :])
 
@@ -208,6 +210,7 @@ class Engine:
             tok = token_list[i]
             b.tokens[i].append(tok)
             b.logprobs[i].append(logprob_list[i])
+            b.versions[i].append(self.version)
             self.stats.decode_tokens += 1
             if tok in req.params.stop_token_ids:
                 b.done[i] = "stop"
@@ -220,8 +223,8 @@ class Engine:
         b, self._batch = self._batch, None
         return [
             Completion(
-                handle=h, prompt_ids=list(r.prompt_ids), token_ids=toks, logprobs=lps,
-                versions=[self.version] * len(toks), finish_reason=done,
+                handle=h, prompt_ids=list(r.prompt_ids), token_ids=toks, logprobs=lps, versions=vers,
+                finish_reason=done,
             )
-            for h, r, toks, lps, done in zip(b.handles, b.requests, b.tokens, b.logprobs, b.done)
+            for h, r, toks, lps, vers, done in zip(b.handles, b.requests, b.tokens, b.logprobs, b.versions, b.done)
         ]

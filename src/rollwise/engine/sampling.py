@@ -61,7 +61,8 @@ def sample_next(logits: torch.Tensor, params: list[SamplingParams], generators: 
         logprobs = filtered_logprobs(logits, temperature, top_k, top_p)
     # Gumbel-max with each request's own generator: argmax(logp + G) ~ Categorical(exp(logp)).
     uniform = torch.stack([torch.rand(logits.shape[-1], generator=g, device=dev) for g in generators])
-    gumbel = -torch.log(-torch.log(uniform.clamp_(1e-20, 1.0)).clamp_(min=1e-20))
+    # the parentheses matter: `-x.clamp_()` clamps before negating, which made every G NaN
+    gumbel = -torch.log((-torch.log(uniform.clamp_(1e-20, 1.0))).clamp_(min=1e-20))
     sampled = (logprobs + gumbel).argmax(-1)
     tokens = torch.where(greedy, logits.argmax(-1), sampled)
     chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)

@@ -23,21 +23,30 @@ LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"
 KLEstimator = Literal["k1", "k2", "k3"]
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_agg: LossAgg, max_len: int | None = None):
-    """Reduce a per-token loss [B, T] to a scalar under ``mask`` [B, T].
+def token_weights(mask: torch.Tensor, loss_agg: LossAgg, max_len: int | None = None) -> torch.Tensor:
+    """Per-token weights [B, T] such that ``loss = Σ per_token · weights`` for ``loss_agg``.
 
-    ``seq_mean_token_sum_norm`` divides by ``B * max_len`` (``max_len`` defaults to T; pass
-    the generation limit to make the normaliser a true constant, as Dr.GRPO does).
+    Computed once on the whole batch, the weights make micro-batched gradient accumulation
+    equal to the full-batch loss whatever the mode.
+
+    - ``token_mean``: 1/Σm.
+    - ``seq_mean_token_mean``: 1/(|y_i|·N).
+    - ``seq_mean_token_sum_norm``: 1/(N·max_len), ``max_len`` defaulting to T (pass the
+      generation limit to make it a true constant, as Dr.GRPO does).
     """
-    mask = mask.to(per_token.dtype)
+    mask = mask.float()
     if loss_agg == "token_mean":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1)
+        return mask / mask.sum().clamp(min=1)
     if loss_agg == "seq_mean_token_mean":
-        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        return per_seq.mean()
+        return mask / (mask.sum(-1, keepdim=True).clamp(min=1) * mask.shape[0])
     if loss_agg == "seq_mean_token_sum_norm":
-        return (per_token * mask).sum() / (per_token.shape[0] * (max_len or per_token.shape[1]))
+        return mask / (mask.shape[0] * (max_len or mask.shape[1]))
     raise ValueError(f"loss_agg must be token_mean, seq_mean_token_mean or seq_mean_token_sum_norm, got {loss_agg!r}")
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_agg: LossAgg, max_len: int | None = None):
+    """Reduce a per-token loss [B, T] to a scalar under ``mask`` [B, T] (see ``token_weights``)."""
+    return (per_token * token_weights(mask, loss_agg, max_len).to(per_token.dtype)).sum()
 
 
 def ppo_clip_loss(

@@ -20,7 +20,11 @@ from __future__ import annotations
 
 import random
 import re
+from typing import Literal
 
+from pydantic import Field, model_validator
+
+from rollwise.config import StrictModel
 from rollwise.tasks.base import Task
 from rollwise.types import Prompt, Score
 
@@ -133,3 +137,24 @@ def build(seed: int = 0, eval_size: int = 200, min_digits: int = 1, max_digits: 
         demonstrate=demonstrate,
         description=f"{min_digits}-{max_digits} digit {' and '.join(ops)} with column-by-column working",
     )
+
+
+class ArithConfig(StrictModel):
+    """Options of the ``arith`` task."""
+
+    name: Literal["arith"] = "arith"
+    min_digits: int = Field(1, ge=1, le=12, description="fewest digits per operand")
+    max_digits: int = Field(5, ge=1, le=12, description="most digits per operand")
+    ops: str = Field("+-", description="operators to draw from, any of '+' and '-'")
+    eval_size: int = Field(200, ge=0, description="held-out prompts, never drawn for training")
+
+    @model_validator(mode="after")
+    def _valid(self) -> "ArithConfig":
+        if self.min_digits > self.max_digits:
+            raise ValueError(f"min_digits ({self.min_digits}) must be <= max_digits ({self.max_digits})")
+        if not self.ops or set(self.ops) - set("+-"):
+            raise ValueError(f"ops must be made of '+' and '-', got {self.ops!r}")
+        return self
+
+    def build(self, seed: int) -> Task:
+        return build(seed, self.eval_size, self.min_digits, self.max_digits, self.ops)

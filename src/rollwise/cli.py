@@ -1,0 +1,158 @@
+"""``rollwise``: train | sft | eval | list | bench.
+
+Errors a user can fix (config, paths, data) print one line and exit 2; set
+``ROLLWISE_DEBUG=1`` for the traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL with verifiable rewards, built around the rollout.")
+bench_app = typer.Typer(no_args_is_help=True, help="Side-by-side benchmarks (ratios measured in one run).")
+app.add_typer(bench_app, name="bench")
+console = Console()
+
+RecipeArg = Annotated[Path | None, typer.Argument(help="recipe YAML (e.g. recipes/demo.yaml)")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: key.path=value (repeatable)")]
+
+
+def friendly_errors(fn):
+    """Turn user-fixable errors into one line on stderr and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from rollwise.config import ConfigError
+
+        try:
+            return fn(*args, **kwargs)
+        except (ConfigError, ValueError, FileNotFoundError) as err:
+            if os.environ.get("ROLLWISE_DEBUG"):
+                raise
+            Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+@app.command()
+@friendly_errors
+def train(
+    recipe: RecipeArg = None,
+    set_: SetOpt = None,
+    resume: Annotated[bool, typer.Option("--resume", help="continue from the run's latest checkpoint")] = False,
+):
+    """Run RL (with the recipe's SFT warm start first, if any)."""
+    from rollwise.train.config import load_run_config
+    from rollwise.train.run import run_training
+
+    cfg = load_run_config(str(recipe) if recipe else None, set_ or [])
+    run_training(cfg, resume=resume, console=console)
+
+
+@app.command()
+@friendly_errors
+def sft(
+    recipe: RecipeArg = None,
+    set_: SetOpt = None,
+    out: Annotated[Path, typer.Option(help="directory to save the warm-started model")] = Path("runs/sft_model"),
+):
+    """Supervised warm start on the task's demonstrations; saves a Hugging Face model directory."""
+    from rollwise.model.load import load_model_and_tokenizer
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import seed_everything
+    from rollwise.train.sft import sft as run_sft
+
+    cfg = load_run_config(str(recipe) if recipe else None, set_ or [])
+    if cfg.sft.steps == 0:
+        raise ValueError("sft.steps is 0: nothing to train (pass --set sft.steps=300)")
+    seed_everything(cfg.seed)
+    task = cfg.task.build(cfg.seed)
+    model, tok = load_model_and_tokenizer(cfg.model, seed=cfg.seed)
+    with console.status("SFT") as status:
+        losses = run_sft(model, tok, task, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
+                         on_step=lambda s, loss: status.update(f"SFT step {s + 1}/{cfg.sft.steps} loss {loss:.3f}"))
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    console.print(f"SFT {cfg.sft.steps} steps: loss {losses[0]:.3f} → {losses[-1]:.3f}; saved {out}")
+
+
+@app.command("eval")
+@friendly_errors
+def eval_(
+    recipe: RecipeArg = None,
+    set_: SetOpt = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="also write the results here")] = None,
+):
+    """Greedy accuracy and pass@k of `model.path` (or the preset) on the task's eval split."""
+    from rollwise.engine.engine import Engine
+    from rollwise.eval.accuracy import evaluate
+    from rollwise.filter.registry import resolve_rewards
+    from rollwise.model.load import load_model_and_tokenizer
+    from rollwise.train.config import load_run_config
+
+    cfg = load_run_config(str(recipe) if recipe else None, set_ or [])
+    task = cfg.task.build(cfg.seed)
+    model, tok = load_model_and_tokenizer(cfg.model, seed=cfg.seed)
+    _, judge = resolve_rewards(cfg.rewards, task)
+    prompts = task.eval[: cfg.train.eval_size]
+    for p in prompts:
+        p.token_ids = tok(p.text)["input_ids"]
+    engine = Engine(model, pad_token_id=tok.pad_token_id, max_batch_size=cfg.rollout.max_batch_size, seed=cfg.seed)
+    result = evaluate(
+        engine, prompts, judge, lambda ids: tok.decode(ids, skip_special_tokens=True),
+        max_new_tokens=cfg.rollout.max_new_tokens, stop_token_ids=(tok.eos_token_id,),
+        samples=cfg.train.eval_samples, temperature=cfg.rollout.temperature, seed=cfg.seed,
+    )
+    console.print(json.dumps(result.metrics(), indent=2))
+    if json_path:
+        json_path.write_text(json.dumps(result.metrics(), indent=2))
+
+
+@app.command("list")
+def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives | strategies | all")] = "all"):
+    """What this install knows: tasks, rewards, objectives, rollout strategies."""
+    from rollwise.filter.registry import builtin_rewards
+    from rollwise.optim.objective import PRESETS
+    from rollwise.tasks.registry import TASKS
+    from rollwise.train.config import RolloutConfig
+
+    tables = {
+        "tasks": {name: (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "" for name, cls in TASKS.items()},
+        "rewards": {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in builtin_rewards().items()},
+        "objectives": {name: ", ".join(f"{k}={v}" for k, v in preset.items()) for name, preset in PRESETS.items()},
+        "strategies": {s: "" for s in RolloutConfig.model_fields["strategy"].annotation.__args__},
+    }
+    if what != "all" and what not in tables:
+        console.print(f"[red]error:[/] unknown list '{what}'; choose one of {', '.join(tables)}, all")
+        raise typer.Exit(2)
+    for name, rows in tables.items():
+        if what in ("all", name):
+            console.print(f"[bold]{name}[/]")
+            for key, doc in rows.items():
+                console.print(f"  {key:<14} {doc}", highlight=False)
+
+
+@bench_app.command("engine")
+@friendly_errors
+def bench_engine(
+    json_path: Annotated[Path | None, typer.Option("--json", help="write results as JSON")] = None,
+    set_: SetOpt = None,
+):
+    """This engine vs HF `model.generate`, same model, prompts and sampling settings."""
+    from rollwise.bench.engine import run_engine_bench
+
+    results = run_engine_bench(overrides=set_ or [], console=console)
+    if json_path:
+        json_path.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    app()

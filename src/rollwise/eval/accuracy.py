@@ -1,0 +1,65 @@
+"""Accuracy on a held-out split: greedy accuracy and unbiased pass@k from sampled completions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rollwise.engine.engine import Engine, Request
+from rollwise.engine.sampling import SamplingParams
+from rollwise.eval.passk import pass_at_k
+from rollwise.filter.rewards import RewardFn, score_groups
+from rollwise.types import Prompt, Rollout, RolloutGroup
+
+
+@dataclass
+class EvalResult:
+    accuracy: float  # greedy
+    pass_at: dict[int, float]  # k -> unbiased pass@k over `samples` sampled completions per prompt
+    mean_length: float
+    samples: list[dict]  # a few greedy rollouts with their rewards, for samples.jsonl
+
+    def metrics(self) -> dict[str, float]:
+        out = {"eval/accuracy": self.accuracy, "eval/mean_length": self.mean_length}
+        out.update({f"eval/pass@{k}": v for k, v in self.pass_at.items()})
+        return out
+
+
+def _groups(engine: Engine, prompts: list[Prompt], params: SamplingParams, n: int, decode, seed: int):
+    from dataclasses import replace
+
+    requests = [Request(p.token_ids, replace(params, seed=seed * 7919 + i)) for p in prompts for i in range(n)]
+    completions = engine.generate(requests)
+    groups = []
+    for pi, p in enumerate(prompts):
+        rollouts = [
+            Rollout(p.id, c.prompt_ids, c.token_ids, c.logprobs, c.versions, c.finish_reason, decode(c.token_ids))
+            for c in completions[pi * n : (pi + 1) * n]
+        ]
+        groups.append(RolloutGroup(p, rollouts))
+    return groups
+
+
+def evaluate(
+    engine: Engine, prompts: list[Prompt], judge: RewardFn, decode, *, max_new_tokens: int, stop_token_ids,
+    samples: int = 0, temperature: float = 1.0, seed: int = 0, keep: int = 4,
+) -> EvalResult:
+    """Greedy accuracy (``judge`` reward > 0.5) and, when ``samples`` > 0, pass@1 and pass@samples."""
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids))
+    groups = _groups(engine, prompts, greedy, 1, decode, seed)
+    score_groups(groups, [judge])
+    correct = [g.rollouts[0].reward > 0.5 for g in groups]
+    lengths = [g.rollouts[0].num_tokens for g in groups]
+    pass_at: dict[int, float] = {}
+    if samples > 0:
+        sampled = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids))
+        sgroups = _groups(engine, prompts, sampled, samples, decode, seed)
+        score_groups(sgroups, [judge])
+        counts = [sum(r.reward > 0.5 for r in g.rollouts) for g in sgroups]
+        for k in sorted({1, samples}):
+            pass_at[k] = sum(pass_at_k(samples, c, k) for c in counts) / len(counts)
+    kept = [
+        {"prompt": g.prompt.text, "completion": g.rollouts[0].completion_text, "reward": g.rollouts[0].reward,
+         "reasons": g.rollouts[0].reward_reasons, "answer": g.prompt.answer}
+        for g in groups[:keep]
+    ]
+    return EvalResult(sum(correct) / len(correct), pass_at, sum(lengths) / len(lengths), kept)

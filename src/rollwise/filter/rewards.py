@@ -1,0 +1,106 @@
+"""Scoring rollouts with TRL-style reward functions, weighted and logged per component.
+
+A reward function is called as TRL calls it::
+
+    fn(prompts, completions, completion_ids=completion_ids, **dataset_columns) -> list[float | None]
+
+and may be ``async``. ``None`` means "not applicable" and contributes nothing (it is not a
+zero). A function may return ``rollwise.types.Score`` values (floats that carry a
+``reason``); the reason is recorded on the rollout. A function that raises does not crash
+training: every rollout of that call scores 0 for that component, the reason says why, and
+``reward/<name>/errors`` counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rollwise.types import RolloutGroup, Score
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RewardFn:
+    name: str
+    fn: Callable
+    weight: float = 1.0
+
+
+def load_callable(spec: str) -> Callable:
+    """``"package.module:function"`` → the function (how users bring their own rewards)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"reward function '{spec}' must look like 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"reward function '{spec}': cannot import module '{module_name}' ({err})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"reward function '{spec}': module '{module_name}' has no callable '{attr}'")
+    return fn
+
+
+def _call(fn: Callable, prompts, completions, completion_ids, columns) -> list:
+    result = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+    if inspect.isawaitable(result):
+        result = asyncio.run(_await(result))
+    return list(result)
+
+
+async def _await(awaitable):
+    return await awaitable
+
+
+def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict[str, float]:
+    """Set ``reward``, ``reward_components`` and ``reward_reasons`` on every rollout.
+
+    The total is the weighted sum of the components that apply (non-None). Returns metrics:
+    the mean of each component over rollouts where it applied, and error counts.
+    """
+    rollouts = [(g, r) for g in groups for r in g.rollouts]
+    prompts = [g.prompt.text for g, _ in rollouts]
+    completions = [r.completion_text for _, r in rollouts]
+    completion_ids = [r.completion_ids for _, r in rollouts]
+    keys = sorted({k for g, _ in rollouts for k in g.prompt.reward_columns()})
+    columns = {k: [g.prompt.reward_columns().get(k) for g, _ in rollouts] for k in keys}
+    metrics: dict[str, float] = {}
+    totals = [0.0] * len(rollouts)
+    for rf in reward_fns:
+        try:
+            values = _call(rf.fn, prompts, completions, completion_ids, columns)
+            if len(values) != len(rollouts):
+                raise ValueError(f"returned {len(values)} values for {len(rollouts)} completions")
+            errors = 0
+        except Exception as err:  # a reward function must not take training down
+            log.warning("reward function '%s' raised %s: %s; scoring this batch 0", rf.name, type(err).__name__, err)
+            values = [Score(0.0, f"{rf.name} raised {type(err).__name__}: {err}")] * len(rollouts)
+            errors = len(rollouts)
+        applied = []
+        for i, ((_, r), v) in enumerate(zip(rollouts, values)):
+            if v is None:
+                continue
+            value = float(v)
+            if math.isnan(value):
+                value, reason = 0.0, "reward was NaN"
+            else:
+                reason = getattr(v, "reason", "")
+            r.reward_components[rf.name] = value
+            if reason:
+                r.reward_reasons[rf.name] = reason
+            totals[i] += rf.weight * value
+            applied.append(value)
+        if applied:
+            metrics[f"reward/{rf.name}"] = sum(applied) / len(applied)
+        metrics[f"reward/{rf.name}/errors"] = float(errors)
+    for (_, r), total in zip(rollouts, totals):
+        r.reward = total
+    return metrics
+

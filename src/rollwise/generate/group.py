@@ -1,0 +1,46 @@
+"""``group``: independent sampling, ``num_generations`` completions per prompt (GRPO's rollout).
+
+The contract every generator keeps: ``generate(engine, prompts, budgets) -> list[RolloutGroup]``,
+with ``budgets[i]`` the number of rollouts for ``prompts[i]`` (from ``control.allocate``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from rollwise.engine.engine import Engine, Request
+from rollwise.engine.sampling import SamplingParams
+from rollwise.types import Prompt, Rollout, RolloutGroup
+
+
+@dataclass
+class GroupSampler:
+    """Sample every prompt's rollouts independently in one engine run."""
+
+    params: SamplingParams
+    decode: object  # token ids -> text (the tokenizer's decode, special tokens skipped)
+
+    def generate(self, engine: Engine, prompts: list[Prompt], budgets: list[int], seed: int) -> list[RolloutGroup]:
+        requests, owners = [], []
+        for pi, (prompt, n) in enumerate(zip(prompts, budgets)):
+            for j in range(n):
+                # one seed per (step seed, prompt slot, sample): reproducible whatever the batching
+                params = replace(self.params, seed=hash((seed, pi, j)) & (2**62 - 1))
+                requests.append(Request(prompt.token_ids, params))
+                owners.append(pi)
+        completions = engine.generate(requests)
+        groups = [RolloutGroup(prompt=p, rollouts=[]) for p in prompts]
+        for pi, c in zip(owners, completions):
+            groups[pi].rollouts.append(
+                Rollout(
+                    prompt_id=prompts[pi].id,
+                    prompt_ids=c.prompt_ids,
+                    completion_ids=c.token_ids,
+                    behavior_logprobs=c.logprobs,
+                    versions=c.versions,
+                    finish_reason=c.finish_reason,
+                    completion_text=self.decode(c.token_ids),
+                )
+            )
+        return groups
+

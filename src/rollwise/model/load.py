@@ -1,0 +1,68 @@
+"""Loading a policy and tokenizer: any local Hugging Face causal LM directory, or a tiny preset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from rollwise.config import ConfigError, StrictModel
+from rollwise.model.tiny import PRESETS, build_tiny
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelConfig(StrictModel):
+    path: str | None = Field(None, description="local Hugging Face model directory; null = build `preset`")
+    preset: Literal[tuple(PRESETS)] = Field("tiny", description="tiny preset built when `path` is null")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
+    device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1'...")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch's default")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"model.device '{name}' is not a torch device (use auto, cpu, cuda or cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"model.device '{name}' asks for CUDA but none is available (use model.device=cpu)")
+    return device
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """A readable HF model directory, or a one-line ConfigError saying what is wrong."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"model directory '{p}' does not exist (model.path must be a local directory)")
+    if not p.is_dir():
+        raise ConfigError(f"model.path '{p}' is a file; point it at the directory holding config.json")
+    if not (p / "config.json").is_file():
+        raise ConfigError(f"model directory '{p}' has no config.json (is it a Hugging Face save_pretrained dir?)")
+    return p
+
+
+def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0):
+    """(model, tokenizer) on the configured device and dtype, in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = resolve_device(cfg.device)
+    dtype = DTYPES[cfg.dtype]
+    if cfg.path is None:
+        model, tokenizer = build_tiny(cfg.preset, seed=seed, dtype=dtype)
+    else:
+        path = check_model_dir(cfg.path)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        except (OSError, ValueError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"cannot load model from '{path}': {first}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token  # common for base models; pads are masked anyway
+    tokenizer.padding_side = "left"
+    return model.to(device).eval(), tokenizer

@@ -1,0 +1,65 @@
+"""Checkpoints: safetensors weights + optimizer + scheduler + RNG states + trainer state.
+
+A checkpoint directory ``checkpoints/step_000050/`` holds::
+
+    model.safetensors   policy weights
+    optimizer.pt        optimizer and LR-scheduler state dicts
+    rng.pt              torch / python / numpy RNG states
+    state.json          step, data cursor, counters (human-readable)
+
+Resuming loads all four, so the run continues exactly as the uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state: dict, keep: int) -> Path:
+    root = run_dir / "checkpoints"
+    final = root / f"step_{step:06d}"
+    tmp = root / f".tmp_step_{step:06d}"  # written in full, then renamed: a kill never leaves half a checkpoint
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    # tied embeddings share storage; safetensors refuses shared tensors, so store one copy each
+    save_file({k: v.clone() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
+    torch.save(
+        {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+        tmp / "rng.pt",
+    )
+    (tmp / "state.json").write_text(json.dumps(state, indent=2))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in sorted(root.glob("step_*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = sorted((run_dir / "checkpoints").glob("step_*"))
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict:
+    """Restore model, optimizer, scheduler and RNG states in place; return the trainer state."""
+    weights = load_file(str(path / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or [k for k in missing if "lm_head" not in k]:
+        raise ValueError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
+    opt = torch.load(path / "optimizer.pt", weights_only=False)
+    optimizer.load_state_dict(opt["optimizer"])
+    scheduler.load_state_dict(opt["scheduler"])
+    rng = torch.load(path / "rng.pt", weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    return json.loads((path / "state.json").read_text())

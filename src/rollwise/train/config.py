@@ -1,0 +1,85 @@
+"""``RunConfig``: one recipe, composed of the config classes kept next to each component."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rollwise.config import StrictModel, apply_overrides, load_yaml, validate
+from rollwise.model.load import ModelConfig
+from rollwise.optim.objective import ObjectiveConfig
+from rollwise.tasks.arith import ArithConfig
+from rollwise.tasks.registry import TaskConfig
+
+
+class SFTConfig(StrictModel):
+    steps: int = Field(0, ge=0, description="supervised warm-start steps on the task's demonstrations (0 = none)")
+    batch_size: int = Field(64, ge=1, description="demonstrations per SFT step")
+    lr: float = Field(1e-3, gt=0, description="SFT learning rate (AdamW, linear warmup then constant)")
+
+
+class RolloutConfig(StrictModel):
+    strategy: Literal["group"] = Field("group", description="how rollouts are shaped (group = independent samples)")
+    num_generations: int = Field(8, ge=1, description="rollouts per prompt (TRL's num_generations)")
+    prompts_per_step: int = Field(16, ge=1, description="prompts sampled per training step")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature for training rollouts")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass (1 = off)")
+    top_k: int = Field(0, ge=0, description="top-k sampling (0 = off)")
+    max_new_tokens: int = Field(128, ge=1, description="completion length limit (finish_reason 'length' beyond)")
+    max_batch_size: int = Field(256, ge=1, description="sequences the engine decodes at once")
+
+
+class OptimConfig(StrictModel):
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+    warmup_steps: int = Field(0, ge=0, description="linear LR warmup steps")
+    schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="LR schedule after warmup")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final LR / lr for cosine and linear schedules")
+    micro_batch_size: int = Field(64, ge=1, description="sequences per forward/backward (gradient accumulation)")
+    num_iterations: int = Field(1, ge=1, description="optimizer passes over each batch (TRL's num_iterations)")
+
+
+class TrainConfig(StrictModel):
+    steps: int = Field(100, ge=0, description="RL steps")
+    eval_every: int = Field(25, ge=0, description="evaluate every N steps (0 = only at start and end)")
+    eval_size: int | None = Field(None, ge=1, description="cap on eval prompts (null = the task's whole eval split)")
+    eval_samples: int = Field(4, ge=0, description="sampled completions per eval prompt for pass@k (0 = greedy only)")
+    checkpoint_every: int = Field(50, ge=0, description="checkpoint every N steps (0 = only at the end)")
+    keep_checkpoints: int = Field(2, ge=1, description="how many recent checkpoints to keep")
+    log_samples: int = Field(4, ge=0, description="rollouts written to samples.jsonl per eval")
+    max_minutes: float | None = Field(None, gt=0, description="stop RL after this wall time (then eval and save)")
+
+
+class RewardConfig(StrictModel):
+    name: str = Field(description="a reward known to `rollwise list rewards`, or 'package.module:function'")
+    weight: float = Field(1.0, description="weight in the total reward")
+
+
+class RunConfig(StrictModel):
+    name: str = Field("run", description="run directory name under output_dir")
+    output_dir: str = Field("runs", description="where run directories go")
+    seed: int = Field(0, description="fixes model init, data order and sampling")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=ArithConfig)
+    rewards: list[RewardConfig] | None = Field(None, description="reward functions; null = the task's own")
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_task_name(cls, data):
+        # `--set task.max_digits=3` on the default task should not need `task.name=arith`
+        if isinstance(data, dict) and isinstance(data.get("task"), dict) and "name" not in data["task"]:
+            data = {**data, "task": {"name": "arith", **data["task"]}}
+        return data
+
+
+def load_run_config(path: str | None, overrides: list[str] = ()) -> RunConfig:
+    data = load_yaml(path) if path else {}
+    return validate(RunConfig, apply_overrides(data, list(overrides)))

@@ -1,0 +1,200 @@
+"""The synchronous trainer: Generate → Filter → (Control) → Optimize, one step at a time.
+
+``Trainer.step`` is the loop of DESIGN.md and reads top to bottom; everything it calls
+lives in a stage package. The trainer owns the run directory, checkpoints and evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from rollwise.engine.engine import Engine
+from rollwise.engine.sampling import SamplingParams
+from rollwise.eval.accuracy import EvalResult, evaluate
+from rollwise.filter.registry import resolve_rewards
+from rollwise.filter.rewards import score_groups
+from rollwise.generate.group import GroupSampler
+from rollwise.model.load import load_model_and_tokenizer
+from rollwise.optim.batch import build_batch
+from rollwise.optim.objective import assign_advantages
+from rollwise.optim.update import policy_update
+from rollwise.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rollwise.train.config import RunConfig
+from rollwise.train.metrics import MetricsLog
+from rollwise.train.sft import sft
+from rollwise.types import Prompt, RolloutGroup
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint records besides tensors (``state.json``)."""
+
+    step: int = 0
+    cursor: int = 0  # index of the next training prompt
+    generated_tokens: int = 0
+    wall_seconds: float = 0.0  # RL wall time, summed over sessions of a resumed run
+    initial_accuracy: float | None = None
+    last_accuracy: float | None = None
+
+
+def lr_lambda(cfg: RunConfig):
+    o, total = cfg.optim, max(cfg.train.steps, 1)
+
+    def factor(step: int) -> float:
+        if step < o.warmup_steps:
+            return (step + 1) / o.warmup_steps
+        if o.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - o.warmup_steps) / max(total - o.warmup_steps, 1))
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if o.schedule == "cosine" else 1 - progress
+        return o.min_lr_ratio + (1 - o.min_lr_ratio) * shape
+
+    return factor
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        seed_everything(cfg.seed)
+        if cfg.model.threads:
+            torch.set_num_threads(cfg.model.threads)
+        self.run_dir = Path(cfg.output_dir) / cfg.name
+        self.task = cfg.task.build(cfg.seed)
+        self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.seed)
+        self.reward_fns, self.judge = resolve_rewards(cfg.rewards, self.task)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.engine = Engine(self.model, pad_token_id=self.tokenizer.pad_token_id,
+                             max_batch_size=cfg.rollout.max_batch_size, seed=cfg.seed)
+        r = cfg.rollout
+        self.stop_ids = (self.tokenizer.eos_token_id,)
+        self.sampling = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, self.stop_ids)
+        self.generator = GroupSampler(self.sampling, self.decode)
+        self.eval_prompts = [self.tokenize(p) for p in self.task.eval[: cfg.train.eval_size]]
+        self.state = TrainState()
+        self.ref_model = None
+        self.log: MetricsLog | None = None
+
+    # -- helpers the loop calls -------------------------------------------------------------
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def tokenize(self, prompt: Prompt) -> Prompt:
+        if not prompt.token_ids:
+            prompt.token_ids = self.tokenizer(prompt.text)["input_ids"]
+        return prompt
+
+    def select_prompts(self) -> list[Prompt]:
+        n = self.cfg.rollout.prompts_per_step
+        prompts = [self.tokenize(self.task.train.get(self.state.cursor + i)) for i in range(n)]
+        self.state.cursor += n
+        return prompts
+
+    # -- the step ---------------------------------------------------------------------------
+    def step(self) -> dict[str, float]:
+        cfg, t0 = self.cfg, time.perf_counter()
+        prompts = self.select_prompts()
+        budgets = [cfg.rollout.num_generations] * len(prompts)
+        groups = self.generator.generate(self.engine, prompts, budgets, seed=cfg.seed * 1_000_003 + self.state.step)
+        t_gen = time.perf_counter()
+        metrics = score_groups(groups, self.reward_fns)
+        metrics |= assign_advantages(groups, cfg.objective)
+        batch = build_batch(groups, self.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
+        metrics |= policy_update(
+            self.model, self.optimizer, self.scheduler, batch, cfg.objective,
+            micro_batch_size=cfg.optim.micro_batch_size, num_iterations=cfg.optim.num_iterations,
+            max_grad_norm=cfg.optim.max_grad_norm, temperature=cfg.rollout.temperature,
+            max_len=cfg.rollout.max_new_tokens, ref_model=self.ref_model,
+        )
+        self.engine.load_weights(self.model)  # in-process: parameters are shared, only the version moves
+        self.state.step += 1
+        metrics |= rollout_metrics(groups)
+        self.state.generated_tokens += int(metrics["tokens/generated"])
+        metrics |= {"time/generate": t_gen - t0, "time/step": time.perf_counter() - t0,
+                    "tokens/total": self.state.generated_tokens}
+        return metrics
+
+    # -- around the step --------------------------------------------------------------------
+    def evaluate(self) -> EvalResult:
+        tc = self.cfg.train
+        return evaluate(
+            self.engine, self.eval_prompts, self.judge, self.decode, max_new_tokens=self.cfg.rollout.max_new_tokens,
+            stop_token_ids=self.stop_ids, samples=tc.eval_samples, temperature=self.cfg.rollout.temperature,
+            seed=self.cfg.seed, keep=tc.log_samples,
+        )
+
+    def prepare(self, resume: bool = False, on_sft_step=None) -> None:
+        """Fresh run: write config, run the SFT warm start, save the RL start. Resume: load the latest checkpoint."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt = latest_checkpoint(self.run_dir) if resume else None
+        if resume and ckpt is None:
+            raise FileNotFoundError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
+        if ckpt is not None:
+            self.state = TrainState(**load_checkpoint(ckpt, self.model, self.optimizer, self.scheduler))
+            self.engine.load_weights(self.model)
+        else:
+            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
+            for stale in ("metrics.jsonl", "samples.jsonl"):
+                (self.run_dir / stale).unlink(missing_ok=True)
+            if self.cfg.sft.steps:
+                s = self.cfg.sft
+                sft(self.model, self.tokenizer, self.task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
+                    on_step=on_sft_step)
+            self.model.save_pretrained(self.run_dir / "init_model")
+            self.tokenizer.save_pretrained(self.run_dir / "init_model")
+        if self.cfg.objective.beta > 0:  # the frozen reference is the RL starting point
+            self.ref_model = type(self.model).from_pretrained(self.run_dir / "init_model").to(self.engine.device).eval()
+        self.log = MetricsLog(self.run_dir, resume_from_step=self.state.step if ckpt else None)
+
+    def record_eval(self) -> EvalResult:
+        result = self.evaluate()
+        if self.state.initial_accuracy is None:
+            self.state.initial_accuracy = result.accuracy
+        self.state.last_accuracy = result.accuracy
+        self.log.log(self.state.step, result.metrics())
+        self.log.log_samples(self.state.step, result.samples)
+        return result
+
+    def checkpoint(self) -> Path:
+        return save_checkpoint(self.run_dir, self.state.step, self.model, self.optimizer, self.scheduler,
+                               asdict(self.state), self.cfg.train.keep_checkpoints)
+
+    def summary(self) -> dict:
+        s = self.state
+        return {
+            "initial_accuracy": s.initial_accuracy, "final_accuracy": s.last_accuracy, "steps": s.step,
+            "wall_seconds": round(s.wall_seconds, 2), "generated_tokens": s.generated_tokens, "seed": self.cfg.seed,
+            "task": self.task.name, "method": self.cfg.objective.method,
+        }
+
+
+def rollout_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
+    rollouts = [r for g in groups for r in g.rollouts]
+    rewards = torch.tensor([r.reward for r in rollouts])
+    lengths = [r.num_tokens for r in rollouts]
+    return {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()) if len(rollouts) > 1 else 0.0,
+        "train/pass_rate": sum(g.pass_rate for g in groups) / len(groups),
+        "length/mean": sum(lengths) / len(lengths),
+        "length/max": float(max(lengths)),
+        "length/truncated": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
+        "tokens/generated": float(sum(lengths)),
+    }
+

@@ -36,7 +36,7 @@ def friendly_errors(fn):
         except (ConfigError, ValueError, FileNotFoundError) as err:
             if os.environ.get("ROLLWISE_DEBUG"):
                 raise
-            Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False)
+            Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {err}", highlight=False)
             raise typer.Exit(2) from None
 
     return wrapper

@@ -122,13 +122,13 @@ def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives
     from rollwise.filter.registry import builtin_rewards
     from rollwise.optim.objective import PRESETS
     from rollwise.tasks.registry import TASKS
-    from rollwise.train.config import RolloutConfig
+    from rollwise.generate import STRATEGIES
 
     tables = {
         "tasks": {name: (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "" for name, cls in TASKS.items()},
         "rewards": {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in builtin_rewards().items()},
         "objectives": {name: ", ".join(f"{k}={v}" for k, v in preset.items()) for name, preset in PRESETS.items()},
-        "strategies": {s: "" for s in RolloutConfig.model_fields["strategy"].annotation.__args__},
+        "strategies": STRATEGIES,
     }
     if what != "all" and what not in tables:
         console.print(f"[red]error:[/] unknown list '{what}'; choose one of {', '.join(tables)}, all")
@@ -137,7 +137,7 @@ def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives
         if what in ("all", name):
             console.print(f"[bold]{name}[/]")
             for key, doc in rows.items():
-                console.print(f"  {key:<14} {doc}", highlight=False)
+                console.print(f"  {key:<14} {doc}", highlight=False, soft_wrap=True)
 
 
 @bench_app.command("engine")

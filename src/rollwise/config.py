@@ -26,46 +26,29 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
-    """The config class found by walking ``loc`` (a pydantic error location) from ``model``.
+def _walk(model: type[BaseModel], loc: tuple) -> tuple[type[BaseModel] | None, tuple]:
+    """Follow a pydantic error location from ``model``: (config class reached, path as the user wrote it).
 
-    Discriminated unions appear in ``loc`` as their tag (``task.arith.max_digits``).
+    A discriminated union shows up in ``loc`` as its tag (``task.arith.max_digits``); the tag
+    selects the member class and is left out of the user's path (``task.max_digits``).
     """
     current: Any = model
+    path: list = []
     for part in loc:
         if isinstance(current, type) and issubclass(current, BaseModel):
             field = current.model_fields.get(str(part))
-            if field is None:
-                return None
-            current = field.annotation
+            current = field.annotation if field is not None else None
+            path.append(part)
             continue
-        members = {m for m in get_args(current) if isinstance(m, type) and issubclass(m, BaseModel)}
-        tagged = [m for m in members if str(part) in _tags(m)]
-        if not tagged:
-            return None
-        current = tagged[0]
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
-
-
-def _tags(model: type[BaseModel]) -> tuple:
-    field = model.model_fields.get("name")
-    return get_args(field.annotation) if field is not None else ()
-
-
-def _user_path(model: type[BaseModel], loc: tuple) -> tuple:
-    """``loc`` without discriminator tags: what the user wrote (``task.max_digits``)."""
-    out, current = [], model
-    for part in loc:
-        nxt = _model_at(model, tuple(out) + (part,)) if current is not None else None
-        is_tag = current is not None and not (isinstance(current, type) and issubclass(current, BaseModel))
-        if not is_tag:
-            out.append(part)
-        current = nxt if nxt is not None else (
-            current.model_fields[str(part)].annotation
-            if isinstance(current, type) and issubclass(current, BaseModel) and str(part) in current.model_fields
-            else None
-        )
-    return tuple(out)
+        members = [m for m in get_args(current) if isinstance(m, type) and issubclass(m, BaseModel)]
+        tagged = [m for m in members if "name" in m.model_fields and part in get_args(m.model_fields["name"].annotation)]
+        if tagged:
+            current = tagged[0]
+        else:
+            current = None
+            path.append(part)
+    found = current if isinstance(current, type) and issubclass(current, BaseModel) else None
+    return found, tuple(path)
 
 
 def format_validation_error(err: ValidationError, model: type[BaseModel]) -> str:
@@ -73,9 +56,9 @@ def format_validation_error(err: ValidationError, model: type[BaseModel]) -> str
     lines = []
     for e in err.errors():
         loc = tuple(e["loc"])
-        path = ".".join(str(p) for p in _user_path(model, loc))
+        path = ".".join(str(p) for p in _walk(model, loc)[1])
         if e["type"] == "extra_forbidden":
-            parent = _model_at(model, loc[:-1])
+            parent = _walk(model, loc[:-1])[0]
             valid = sorted(parent.model_fields) if parent else []
             close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
             prefix = path.rsplit(".", 1)[0] + "." if "." in path else ""

@@ -22,10 +22,11 @@ EPS = 1e-6
 def group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample mean and Bessel-corrected std of its group. rewards, group_ids: [N]."""
     groups, inverse = torch.unique(group_ids, return_inverse=True)
-    count = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, torch.ones_like(rewards))
-    total = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, rewards)
-    mean = (total / count)[inverse]
-    sq = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, (rewards - mean) ** 2)
+    rewards = rewards.float() if not rewards.is_floating_point() else rewards
+    zeros = torch.zeros(len(groups), dtype=rewards.dtype, device=rewards.device)
+    count = zeros.index_add(0, inverse, torch.ones_like(rewards))
+    mean = (zeros.index_add(0, inverse, rewards) / count)[inverse]
+    sq = zeros.index_add(0, inverse, (rewards - mean) ** 2)
     var = sq / (count - 1).clamp(min=1)
     return mean, var.sqrt()[inverse]
 
@@ -36,6 +37,7 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale_rewar
     >>> group_advantages(torch.tensor([1., 0, 0, 0]), torch.zeros(4, dtype=torch.long))
     tensor([ 1.5000, -0.5000, -0.5000, -0.5000])
     """
+    rewards = rewards.float() if not rewards.is_floating_point() else rewards
     mean, std = group_stats(rewards, group_ids)
     centred = rewards - mean
     if scale_rewards == "group":

@@ -98,11 +98,11 @@ class ArithSource:
 
     def get(self, index: int) -> Prompt:
         rng = random.Random(f"arith:{self.seed}:{index}")
-        while True:
+        for _ in range(10_000):
             a, op, b = self.sample(rng)
-            text = f"{a}{op}{b}="
-            if text not in self.exclude:
+            if f"{a}{op}{b}=" not in self.exclude:
                 return make_prompt(f"train-{index}", a, op, b)
+        raise ValueError("arith: the eval split holds (nearly) every problem; lower task.eval_size or widen the digits")
 
 
 def make_prompt(pid: str, a: int, op: str, b: int) -> Prompt:
@@ -123,11 +123,18 @@ def build(seed: int = 0, eval_size: int = 200, min_digits: int = 1, max_digits: 
     eval_rng = random.Random(f"arith-eval:{seed}")
     sampler = ArithSource(seed, min_digits, max_digits, ops, exclude=set())
     evals, seen = [], set()
-    while len(evals) < eval_size:
+    for _ in range(100 * eval_size):
+        if len(evals) == eval_size:
+            break
         a, op, b = sampler.sample(eval_rng)
         if f"{a}{op}{b}=" not in seen:
             seen.add(f"{a}{op}{b}=")
             evals.append(make_prompt(f"eval-{len(evals)}", a, op, b))
+    if len(evals) < eval_size:
+        raise ValueError(
+            f"arith: only {len(evals)} distinct problems found for task.eval_size={eval_size}; "
+            "lower task.eval_size or widen the digit range"
+        )
     sampler.exclude = seen
     return Task(
         name="arith",
@@ -140,7 +147,7 @@ def build(seed: int = 0, eval_size: int = 200, min_digits: int = 1, max_digits: 
 
 
 class ArithConfig(StrictModel):
-    """Options of the ``arith`` task."""
+    """Multi-digit addition/subtraction with column-by-column working (completions ~12-70 tokens)."""
 
     name: Literal["arith"] = "arith"
     min_digits: int = Field(1, ge=1, le=12, description="fewest digits per operand")

@@ -247,7 +247,7 @@ def build(
 
 
 class CountdownConfig(StrictModel):
-    """Options of the ``countdown`` task."""
+    """Reach a target from 3-4 numbers with + - * / (each used at most once); checked with ast, never eval."""
 
     name: Literal["countdown"] = "countdown"
     min_numbers: int = Field(3, ge=2, le=6, description="fewest numbers given per prompt")

@@ -38,7 +38,7 @@ _PARQUET = (".parquet", ".pq")
 
 
 class FileTaskConfig(StrictModel):
-    """Options of the ``file`` task: where the data is and which fields mean what."""
+    """Your JSONL/Parquet data with a field mapping; every extra column reaches the reward functions."""
 
     name: Literal["file"] = "file"
     path: str = Field(description="train data: a .jsonl file (one JSON object per line) or a .parquet file")

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rollwise.config import StrictModel, apply_overrides, load_yaml, validate
+from rollwise.generate import STRATEGIES
 from rollwise.model.load import ModelConfig
 from rollwise.optim.objective import ObjectiveConfig
 from rollwise.tasks.arith import ArithConfig
@@ -20,7 +21,7 @@ class SFTConfig(StrictModel):
 
 
 class RolloutConfig(StrictModel):
-    strategy: Literal["group"] = Field("group", description="how rollouts are shaped (group = independent samples)")
+    strategy: Literal[tuple(STRATEGIES)] = Field("group", description="how rollouts are shaped (`rollwise list strategies`)")
     num_generations: int = Field(8, ge=1, description="rollouts per prompt (TRL's num_generations)")
     prompts_per_step: int = Field(16, ge=1, description="prompts sampled per training step")
     temperature: float = Field(1.0, gt=0, description="sampling temperature for training rollouts")

@@ -87,7 +87,7 @@ def test_chat_prompts(tmp_path):
     task = validate(FileTaskConfig, {"path": str(path), "eval_fraction": 0.0}).build(seed=0)
     prompt = task.train.get(0)
     assert prompt.text == "Be brief.\n\nWhat is 2+2?"
-    assert prompt.columns["prompt_messages"] == messages
+    assert prompt.messages == messages and "prompt_messages" not in prompt.columns
 
 
 def error(tmp_path, **kw) -> str:

@@ -95,3 +95,31 @@ def test_unknown_reward_names_the_field():
         resolve_rewards([RewardConfig(name="nope")], task)
     with pytest.raises(ValueError, match="cannot import module"):
         load_callable("no_such_module_xyz:fn")
+
+
+def test_conversational_prompts_use_trl_message_format():
+    prompt = Prompt(id="p", text="2+2=", answer="4", messages=[{"role": "user", "content": "2+2="}])
+    g = RolloutGroup(prompt, [Rollout("p", [1], [5], [-0.1], [0], "stop", completion_text="\\boxed{4}")])
+    seen = {}
+
+    def trl_style(prompts, completions, **kw):  # as TRL's accuracy_reward reads them
+        seen["prompt"] = prompts[0]
+        return [float(c[0]["content"] == "\\boxed{4}") for c in completions]
+
+    from rollwise.filter.math_answer import math_answer
+
+    score_groups([g], [RewardFn("trl", trl_style), RewardFn("math", math_answer)])
+    assert seen["prompt"] == [{"role": "user", "content": "2+2="}]
+    assert g.rollouts[0].reward_components == {"trl": 1.0, "math": 1.0}
+
+
+def test_chat_template_applied_to_conversational_prompts():
+    from rollwise.model.load import encode_prompt
+    from rollwise.model.tiny import char_tokenizer
+
+    tok = char_tokenizer()
+    plain = Prompt(id="a", text="hi")
+    chat = Prompt(id="b", text="hi", messages=[{"role": "user", "content": "hi"}])
+    assert encode_prompt(tok, chat) == encode_prompt(tok, plain)  # no template: plain text
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}A:"
+    assert tok.decode(encode_prompt(tok, chat)) == "<user>hiA:"

@@ -95,7 +95,7 @@ def eval_(
     from rollwise.engine.engine import Engine
     from rollwise.eval.accuracy import evaluate
     from rollwise.filter.registry import resolve_rewards
-    from rollwise.model.load import load_model_and_tokenizer
+    from rollwise.model.load import encode_prompt, load_model_and_tokenizer
     from rollwise.train.config import load_run_config
 
     cfg = load_run_config(str(recipe) if recipe else None, set_ or [])
@@ -104,7 +104,7 @@ def eval_(
     _, judge = resolve_rewards(cfg.rewards, task)
     prompts = task.eval[: cfg.train.eval_size]
     for p in prompts:
-        p.token_ids = tok(p.text)["input_ids"]
+        p.token_ids = encode_prompt(tok, p)
     engine = Engine(model, pad_token_id=tok.pad_token_id, max_batch_size=cfg.rollout.max_batch_size, seed=cfg.seed)
     result = evaluate(
         engine, prompts, judge, lambda ids: tok.decode(ids, skip_special_tokens=True),

@@ -26,6 +26,7 @@ class Prompt:
     token_ids: list[int] = field(default_factory=list)
     answer: str | None = None
     columns: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, str]] | None = None  # conversational prompt ({role, content}), if any
 
     def reward_columns(self) -> dict[str, Any]:
         """Keyword arguments for reward functions: ``answer`` plus every extra column."""

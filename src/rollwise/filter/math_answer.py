@@ -27,6 +27,7 @@ import sympy
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
+from rollwise.filter.rewards import as_text
 from rollwise.types import Score
 
 MAX_ANSWER_CHARS = 200
@@ -152,7 +153,7 @@ def math_answer(prompts, completions, answer, **_) -> list[float]:
             if gold is None:
                 scores.append(Score(0.0, "no reference answer"))
             else:
-                scores.append(check(str(completion), str(gold)))
+                scores.append(check(as_text(completion), str(gold)))
         except (Exception, TimeoutException) as err:  # TimeoutException is a BaseException
             scores.append(Score(0.0, f"could not check the answer ({type(err).__name__})"))
     return scores

@@ -33,6 +33,13 @@ class RewardFn:
     weight: float = 1.0
 
 
+def as_text(completion) -> str:
+    """A completion as text, whether plain or TRL-conversational (``[{"role", "content"}, ...]``)."""
+    if isinstance(completion, list):
+        return "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
 def load_callable(spec: str) -> Callable:
     """``"package.module:function"`` → the function (how users bring their own rewards)."""
     module_name, _, attr = spec.partition(":")
@@ -66,8 +73,12 @@ def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict
     the mean of each component over rollouts where it applied, and error counts.
     """
     rollouts = [(g, r) for g in groups for r in g.rollouts]
-    prompts = [g.prompt.text for g, _ in rollouts]
-    completions = [r.completion_text for _, r in rollouts]
+    # TRL's formats: conversational prompts get message lists on both sides, others plain text
+    prompts = [g.prompt.messages if g.prompt.messages is not None else g.prompt.text for g, _ in rollouts]
+    completions = [
+        [{"role": "assistant", "content": r.completion_text}] if g.prompt.messages is not None else r.completion_text
+        for g, r in rollouts
+    ]
     completion_ids = [r.completion_ids for _, r in rollouts]
     keys = sorted({k for g, _ in rollouts for k in g.prompt.reward_columns()})
     columns = {k: [g.prompt.reward_columns().get(k) for g, _ in rollouts] for k in keys}

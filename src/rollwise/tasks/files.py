@@ -3,9 +3,9 @@
 Each row becomes one ``Prompt``: ``prompt_field`` gives its text, ``answer_field`` its
 reference answer, and every other field goes into ``Prompt.columns``, which reach reward
 functions as keyword arguments (TRL-style). A prompt field may also be a chat-style list of
-``{"role", "content"}`` messages: the list is kept in ``columns["prompt_messages"]`` and, until
-chat templates are applied, ``text`` is the message contents joined by blank lines (roles
-dropped).
+``{"role", "content"}`` messages: the list is kept in ``Prompt.messages`` (the trainer applies
+the tokenizer's chat template to it, and reward functions receive prompts and completions in
+TRL's conversational format), and ``text`` is the message contents joined by blank lines.
 
 The eval split is ``eval_path`` when given, else a seeded ``eval_fraction`` of ``path``
 (so a different run seed holds out different rows); ``eval_size`` caps it either way. Train
@@ -137,9 +137,7 @@ def make_prompt(cfg: FileTaskConfig, row: dict, pid: str, where: str) -> Prompt:
         columns["answer"] = answer  # the mapped answer wins over any column literally named "answer"
     if cfg.demo_field is not None:
         _field(row, cfg.demo_field, "task.demo_field", where)
-    if messages is not None:
-        columns["prompt_messages"] = messages
-    return Prompt(id=pid, text=text, answer=answer, columns=columns)
+    return Prompt(id=pid, text=text, answer=answer, columns=columns, messages=messages)
 
 
 def _prompts(cfg: FileTaskConfig, path: str, key: str, id_prefix: str) -> list[Prompt]:

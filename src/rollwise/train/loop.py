@@ -22,7 +22,7 @@ from rollwise.eval.accuracy import EvalResult, evaluate
 from rollwise.filter.registry import resolve_rewards
 from rollwise.filter.rewards import score_groups
 from rollwise.generate.group import GroupSampler
-from rollwise.model.load import load_model_and_tokenizer
+from rollwise.model.load import encode_prompt, load_model_and_tokenizer
 from rollwise.optim.batch import build_batch
 from rollwise.optim.objective import assign_advantages
 from rollwise.optim.update import policy_update
@@ -97,7 +97,7 @@ class Trainer:
 
     def tokenize(self, prompt: Prompt) -> Prompt:
         if not prompt.token_ids:
-            prompt.token_ids = self.tokenizer(prompt.text)["input_ids"]
+            prompt.token_ids = encode_prompt(self.tokenizer, prompt)
         return prompt
 
     def select_prompts(self) -> list[Prompt]:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import torch
 
+from rollwise.model.load import encode_prompt
 from rollwise.model.logprobs import token_logprobs_and_entropy
 from rollwise.tasks.base import Task
 
@@ -19,7 +20,7 @@ def demo_batch(tokenizer, task: Task, start: int, size: int, device) -> tuple[to
     for i in range(start, start + size):
         prompt = task.train.get(i)
         target = task.demonstrate(prompt)
-        p_ids = tokenizer(prompt.text)["input_ids"]
+        p_ids = encode_prompt(tokenizer, prompt)
         c_ids = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append(p_ids + c_ids)
         masks.append([0] * len(p_ids) + [1] * len(c_ids))

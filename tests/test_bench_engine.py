@@ -2,34 +2,54 @@
 
 import io
 import json
+import statistics
 
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from rollwise.bench.engine import run_engine_bench
+from rollwise.bench.engine import EngineBenchConfig, load_bench_config, run_engine_bench, workload_lengths
 from rollwise.config import ConfigError
 
-SMALL = ["num_prompts=8", "repeats=1", "min_new_tokens=4", "max_new_tokens=8"]
+SMALL = ["models=[tiny]", "num_prompts=8", "repeats=1", "min_new_tokens=4", "max_new_tokens=8",
+         "long_tail_median=4", "long_tail_share=0.2"]
 
 
 def test_run_engine_bench_smoke():
     out = io.StringIO()
     res = run_engine_bench(SMALL + ["batch_size=3"], Console(file=out, width=200))
-    for key in ("model", "params", "num_prompts", "batch_size", "rollwise_tok_s", "hf_tok_s", "ratio", "ratio_paired",
-                "rollwise_stats", "settings", "useful_tokens"):
-        assert key in res
-    assert res["model"] == "tiny" and res["num_prompts"] == 8 and res["batch_size"] == 3
-    assert res["params"] > 0
-    assert res["rollwise_tok_s"] > 0 and res["hf_tok_s"] > 0
-    assert res["ratio"] == pytest.approx(res["rollwise_tok_s"] / res["hf_tok_s"])
-    assert 8 * 4 <= res["useful_tokens"] <= 8 * 8
-    # EOS is off, so the engine keeps exactly the requested tokens; with the same static
-    # batches, it computes the same decode rows as HF
-    assert res["rollwise_stats"]["decode_tokens"] == res["useful_tokens"]
-    assert res["rollwise_stats"]["padded_decode_slots"] == res["hf_computed_tokens"]
-    assert res["settings"]["min_new_tokens"] == 4 and res["settings"]["max_new_tokens"] == 8
-    assert "hf generate" in out.getvalue()
+    assert set(res["workloads"]) == {"uniform", "long_tail", "fork"}
+    assert res["models"]["tiny"]["workloads"] == res["workloads"] and res["models"]["tiny"]["params"] > 0
+    assert res["matmul_flop_s"] > 0 and res["engine"] == "slots"
+    for name, w in res["workloads"].items():
+        assert w["rollwise_tok_s"] > 0 and w["hf_tok_s"] > 0
+        assert w["ratio"] == pytest.approx(w["rollwise_tok_s"] / w["hf_tok_s"])
+        assert w["flop_utilization"] == pytest.approx(
+            2 * res["models"]["tiny"]["params"] * w["rollwise_tok_s"] / res["matmul_flop_s"])
+        # EOS is off, so the engine keeps exactly the requested tokens, and with continuous
+        # batching it computes no row it does not keep; HF's static batches compute more
+        stats = w["rollwise_stats"]
+        assert stats["decode_tokens"] == stats["padded_decode_slots"] == w["useful_tokens"]
+        assert w["hf_computed_tokens"] >= w["useful_tokens"]
+    fork = res["workloads"]["fork"]["rollwise_stats"]
+    assert fork["prefix_tokens_shared"] > 0 and fork["prefill_tokens"] < fork["prefix_tokens_shared"]
+    assert "HF generate" in out.getvalue() and "long_tail" in out.getvalue()
+
+
+def test_v1_engine_computes_what_hf_computes():
+    res = run_engine_bench(SMALL + ["batch_size=3", "workloads=[uniform]", "engine=v1"], Console(file=io.StringIO()))
+    w = res["workloads"]["uniform"]
+    assert w["rollwise_stats"]["padded_decode_slots"] == w["hf_computed_tokens"]  # the same static batches
+
+
+def test_long_tail_lengths():
+    cfg = EngineBenchConfig()
+    lengths = workload_lengths(cfg, "long_tail")
+    median = statistics.median(lengths)
+    long = [n for n in lengths if n >= 5 * median]
+    assert len(long) == round(0.1 * cfg.num_prompts)
+    assert all(9 * cfg.long_tail_median <= n <= 11 * cfg.long_tail_median for n in long)  # ~10x the median
+    assert workload_lengths(cfg, "fork") != lengths and workload_lengths(cfg, "long_tail") == lengths
 
 
 def test_bad_override_key_names_it():
@@ -37,9 +57,11 @@ def test_bad_override_key_names_it():
         run_engine_bench(["num_prompt=8"], Console(file=io.StringIO()))
 
 
-def test_min_above_max_is_a_config_error():
+def test_config_errors():
     with pytest.raises(ConfigError, match="min_new_tokens"):
-        run_engine_bench(["min_new_tokens=9", "max_new_tokens=8"], Console(file=io.StringIO()))
+        load_bench_config(["min_new_tokens=9", "max_new_tokens=8"])
+    with pytest.raises(ConfigError, match="unknown preset 'huge'"):
+        load_bench_config(["models=[tiny, huge]"])
 
 
 def test_cli_bench_engine(tmp_path):
@@ -47,12 +69,13 @@ def test_cli_bench_engine(tmp_path):
 
     path = tmp_path / "b.json"
     args = ["bench", "engine", "--json", str(path)]
-    for item in SMALL:
+    for item in SMALL + ["workloads=[long_tail]"]:
         args += ["--set", item]
     result = CliRunner().invoke(rollwise.cli.app, args)
     assert result.exit_code == 0, result.output
     data = json.loads(path.read_text())
-    assert data["rollwise_tok_s"] > 0 and data["hf_tok_s"] > 0
+    w = data["workloads"]["long_tail"]
+    assert set(w) >= {"rollwise_tok_s", "hf_tok_s", "ratio", "flop_utilization"}
 
 
 def test_cli_bench_engine_bad_key_exits_2(tmp_path):

@@ -1,28 +1,33 @@
 """``rollwise bench engine``: the embedded engine against Hugging Face ``model.generate``.
 
-Both sides run the same model object, the same tokenized prompts, the same sampling
-settings (plain sampling: temperature, no top-k, no top-p) and the same batches, in the
-same process, alternating A, B, A, B... so that drift in machine load hits both. The
-headline is the ratio of their *useful* generated tokens per second; absolute numbers on
-a shared machine are noise (DESIGN.md, "Measuring").
+For each model (tiny presets with their random init) and each workload, both sides run the
+same model object, the same tokenized prompts and the same sampling settings (plain
+sampling: temperature, no top-k, no top-p), in the same process, alternating A, B, A, B...
+so that drift in machine load hits both. The headline is the ratio of their *useful*
+generated tokens per second; absolute numbers on a shared machine are noise (DESIGN.md,
+"Measuring").
 
-How the workload is built, and why:
+How the workloads are built, and why:
 
-- The model is a tiny preset with its random init. An untrained model's lengths are
-  arbitrary, so EOS is switched off on both sides (the engine gets no stop ids, HF gets
-  ``eos_token_id=None``) and each request instead gets its own ``max_new_tokens`` drawn
-  uniformly from ``[min_new_tokens, max_new_tokens]`` with a seeded RNG: varying lengths
-  as in a real rollout, with no training needed.
-- HF ``generate`` has one ``max_new_tokens`` per call. So the requests are cut into the
-  same consecutive batches of ``batch_size`` the engine forms, each HF batch runs to the
-  largest ``max_new_tokens`` in it, and only the tokens each request would have kept (its
-  own ``max_new_tokens``) count as useful. That is exactly what the v1 engine does too (a
-  static batch decodes until its longest row is done) so today the two should compute the
-  same number of decode rows; an engine that stops paying for finished rows (continuous
-  batching) will show up as a ratio above what raw kernel speed explains.
-- Timed regions cover everything from token-id lists to generated ids on both sides:
-  left-padding the batch, prefill, decode and sampling. Each side gets one untimed warm-up
-  pass first. ``torch`` threads are left at their default.
+- An untrained model's lengths are arbitrary, so EOS is switched off on both sides and each
+  request instead gets its own ``max_new_tokens``, drawn with a seeded RNG — the length it
+  would have had if it had stopped there. Only those tokens count as useful.
+- ``uniform``: ``num_prompts`` arith prompts, lengths drawn uniformly from
+  ``[min_new_tokens, max_new_tokens]``.
+- ``long_tail``: the same prompts; a ``long_tail_share`` of them (at least one) run
+  ``long_tail_factor`` × the median length, the rest between half and 1.5× the median — a
+  few completions 10× the median, as in real reasoning rollouts.
+- ``fork``: one prompt → ``num_prompts`` samples with the long-tail lengths (a group of
+  rollouts of one prompt varies in length the same way). rollwise submits the prompt once
+  and ``fork``s it before the first step (the prompt is prefilled once); HF samples that
+  many independent copies of the prompt.
+- HF ``generate`` has one ``max_new_tokens`` per call, so requests are cut into consecutive
+  batches of ``batch_size``; each HF batch runs to its longest request and its extra tokens
+  are computed but not counted. rollwise gets ``batch_size`` slots.
+- ``flop_utilization`` = 2 × parameters × rollwise tokens/s ÷ the machine's fp32 matmul
+  FLOP/s (a square matmul measured in this run, at the same thread count).
+- Timed regions cover everything from token-id lists to generated ids on both sides. Each
+  side gets one untimed warm-up run per workload. ``torch`` threads are left at their default.
 """
 
 from __future__ import annotations
@@ -40,26 +45,40 @@ from rich.table import Table
 
 from rollwise.config import ConfigError, StrictModel, apply_overrides, validate
 
+WORKLOADS = ("uniform", "long_tail", "fork")
+
 
 class EngineBenchConfig(StrictModel):
     """Settings of ``rollwise bench engine`` (override with ``--set key=value``)."""
 
-    preset: Literal["tiny", "small"] = Field("tiny", description="tiny model preset to benchmark (random init)")
+    models: list[str] = Field(["tiny", "medium"], min_length=1,
+                              description="tiny model presets to benchmark (random init), in order")
+    workloads: list[Literal["uniform", "long_tail", "fork"]] = Field(list(WORKLOADS), min_length=1,
+                                                                     description="workloads to run")
+    engine: Literal["slots", "v1"] = Field("slots", description="rollwise engine: slots (v2) or v1 (static batches)")
     seed: int = Field(0, ge=0, description="seeds the model init, the prompts, the length draws and sampling")
-    num_prompts: int = Field(64, ge=1, description="number of arith train prompts (one request each)")
-    batch_size: int = Field(64, ge=1, description="requests per batch, the same for both sides")
-    min_new_tokens: int = Field(16, ge=1, description="smallest per-request max_new_tokens drawn")
-    max_new_tokens: int = Field(96, ge=1, description="largest per-request max_new_tokens drawn (inclusive)")
+    num_prompts: int = Field(64, ge=1, description="requests per workload (for fork: children of one prompt)")
+    batch_size: int = Field(64, ge=1, description="rollwise slots, and requests per HF generate call")
+    min_new_tokens: int = Field(16, ge=1, description="uniform: smallest per-request max_new_tokens drawn")
+    max_new_tokens: int = Field(96, ge=1, description="uniform: largest per-request max_new_tokens drawn (inclusive)")
+    long_tail_median: int = Field(24, ge=2, description="long_tail/fork: typical completion length")
+    long_tail_factor: float = Field(10.0, ge=1, description="long_tail/fork: long completions are this × the median")
+    long_tail_share: float = Field(0.1, gt=0, le=1, description="long_tail/fork: share of long completions")
     temperature: float = Field(1.0, gt=0, description="sampling temperature, the same for both sides")
     repeats: int = Field(3, ge=1, description="timed runs per side (alternating); the median is reported")
 
 
 def load_bench_config(overrides: list[str]) -> EngineBenchConfig:
+    from rollwise.model.tiny import PRESETS
+
     cfg = validate(EngineBenchConfig, apply_overrides({}, list(overrides)))
     if cfg.min_new_tokens > cfg.max_new_tokens:
         raise ConfigError(
             f"config field 'min_new_tokens' ({cfg.min_new_tokens}) must be <= 'max_new_tokens' ({cfg.max_new_tokens})"
         )
+    for name in cfg.models:
+        if name not in PRESETS:
+            raise ConfigError(f"config field 'models': unknown preset '{name}'; choose from {sorted(PRESETS)}")
     return cfg
 
 
@@ -92,121 +111,164 @@ def _batches(n: int, size: int) -> list[range]:
     return [range(start, min(start + size, n)) for start in range(0, n, size)]
 
 
-def run_engine_bench(overrides: list[str], console) -> dict:
-    """Benchmark rollwise's ``Engine`` against HF ``model.generate``; print a table, return the results.
+def workload_lengths(cfg: EngineBenchConfig, name: str) -> list[int]:
+    """Per-request ``max_new_tokens`` of workload ``name`` (seeded by ``cfg.seed`` and the name)."""
+    rng = random.Random(f"bench-engine:{name}:{cfg.seed}")
+    n = cfg.num_prompts
+    if name == "uniform":
+        return [rng.randint(cfg.min_new_tokens, cfg.max_new_tokens) for _ in range(n)]
+    m = cfg.long_tail_median
+    lengths = [rng.randint(m // 2, m * 3 // 2) for _ in range(n)]
+    for i in rng.sample(range(n), max(1, round(cfg.long_tail_share * n))):
+        lengths[i] = round(m * cfg.long_tail_factor * rng.uniform(0.9, 1.1))
+    return lengths
 
-    The headline for both sides is **useful tokens/s**: the sum over requests of the tokens
-    each request asked for (its own ``max_new_tokens``; EOS is disabled so every request
-    runs to it), divided by wall time. HF cannot stop rows individually, so each of its
-    batches (the same requests, in the same batches, as the engine's) runs to the batch's
-    largest ``max_new_tokens`` and its extra tokens are computed but not counted.
-    ``ratio`` = rollwise / hf of the two medians: above 1 means the engine is faster.
-    ``ratio_paired`` is the median over repeats of each adjacent (rollwise, hf) pair's speed
-    ratio: on a loaded machine a stall hits one pair, so this is the steadier of the two.
-    """
+
+def matmul_flops(dtype: torch.dtype = torch.float32, size: int = 1024, seconds: float = 0.3) -> float:
+    """The best FLOP/s of a square ``size`` matmul over ~``seconds`` (this thread count and dtype)."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b
+    best, spent = 0.0, 0.0
+    while spent < seconds:
+        start = time.perf_counter()
+        a @ b
+        took = time.perf_counter() - start
+        spent += took
+        best = max(best, 2 * size**3 / took)
+    return best
+
+
+def _run_rollwise(cfg, model, pad_id, prompts, lengths, fork: bool, run: int) -> tuple[float, dict]:
     from rollwise.engine.engine import Engine, Request
     from rollwise.engine.sampling import SamplingParams
-    from rollwise.model.tiny import PRESETS, build_tiny
+    from rollwise.engine.slots import SlotEngine
+
+    cls = SlotEngine if cfg.engine == "slots" else Engine
+    engine = cls(model, pad_token_id=pad_id, max_batch_size=cfg.batch_size, seed=cfg.seed * 1000 + run)
+    params = [SamplingParams(temperature=cfg.temperature, max_new_tokens=n) for n in lengths]
+    start = time.perf_counter()
+    if fork and cfg.engine == "slots":
+        (h,) = engine.submit([Request(prompts[0], params[0])])
+        engine.fork(h, len(lengths), params)  # before the first step: the prompt is prefilled once
+        outs = list(engine.run_until().values())
+    else:
+        outs = engine.generate([Request(p, sp) for p, sp in zip(prompts, params)])
+    seconds = time.perf_counter() - start
+    got = sum(len(o.token_ids) for o in outs)
+    if got != sum(lengths):
+        raise RuntimeError(f"engine produced {got} tokens, expected {sum(lengths)} (EOS should be off)")
+    return seconds, engine.stats.as_dict()
+
+
+def _run_hf(cfg, model, pad_id, prompts, lengths, run: int) -> float:
+    torch.manual_seed(cfg.seed * 1000 + run)  # HF samples from the global generator
+    got = 0
+    start = time.perf_counter()
+    for b in _batches(len(prompts), cfg.batch_size):
+        ids, mask = _left_pad([prompts[i] for i in b], pad_id)
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0,
+            max_new_tokens=max(lengths[i] for i in b), pad_token_id=pad_id, eos_token_id=None,
+        )
+        generated = out.shape[1] - ids.shape[1]
+        got += sum(min(lengths[i], generated) for i in b)
+    seconds = time.perf_counter() - start
+    if got != sum(lengths):
+        raise RuntimeError(f"HF generate produced {got} useful tokens, expected {sum(lengths)} (did EOS stop it?)")
+    return seconds
+
+
+def _bench_workload(cfg, model, tok, params_count, name, flops, status) -> dict:
     from rollwise.tasks.arith import build as build_arith
 
-    cfg = load_bench_config(overrides)
-    model, tok = build_tiny(cfg.preset, seed=cfg.seed)
-    model.eval()
-    params_count = sum(p.numel() for p in model.parameters())
-
     task = build_arith(cfg.seed)
-    prompts = [tok(task.train.get(i).text)["input_ids"] for i in range(cfg.num_prompts)]
-    rng = random.Random(f"bench-engine:{cfg.seed}")
-    lengths = [rng.randint(cfg.min_new_tokens, cfg.max_new_tokens) for _ in prompts]
-    longest = max(map(len, prompts)) + cfg.max_new_tokens
-    if longest > PRESETS[cfg.preset].max_positions:
-        raise ConfigError(
-            f"prompt plus max_new_tokens reaches {longest} positions, over the '{cfg.preset}' preset's "
-            f"{PRESETS[cfg.preset].max_positions}; lower max_new_tokens"
-        )
-    useful_tokens = sum(lengths)
-    batches = _batches(len(prompts), cfg.batch_size)
-    hf_computed = sum(len(b) * max(lengths[i] for i in b) for b in batches)
-
-    def run_rollwise(run: int) -> tuple[float, dict]:
-        engine = Engine(model, pad_token_id=tok.pad_token_id, max_batch_size=cfg.batch_size, seed=cfg.seed * 1000 + run)
-        requests = [
-            Request(p, SamplingParams(temperature=cfg.temperature, max_new_tokens=n, stop_token_ids=()))
-            for p, n in zip(prompts, lengths)
-        ]
-        start = time.perf_counter()
-        outs = engine.generate(requests)
-        seconds = time.perf_counter() - start
-        got = sum(len(o.token_ids) for o in outs)
-        if got != useful_tokens:
-            raise RuntimeError(f"engine produced {got} tokens, expected {useful_tokens} (EOS should be off)")
-        return seconds, engine.stats.as_dict()
-
-    def run_hf(run: int) -> float:
-        torch.manual_seed(cfg.seed * 1000 + run)  # HF samples from the global generator
-        got = 0
-        start = time.perf_counter()
-        for b in batches:
-            ids, mask = _left_pad([prompts[i] for i in b], tok.pad_token_id)
-            new = max(lengths[i] for i in b)
-            out = model.generate(
-                input_ids=ids, attention_mask=mask, do_sample=True, temperature=cfg.temperature, top_k=0,
-                top_p=1.0, max_new_tokens=new, pad_token_id=tok.pad_token_id, eos_token_id=None,
-            )
-            generated = out.shape[1] - ids.shape[1]
-            got += sum(min(lengths[i], generated) for i in b)
-        seconds = time.perf_counter() - start
-        if got != useful_tokens:
-            raise RuntimeError(f"HF generate produced {got} useful tokens, expected {useful_tokens} (did EOS stop it?)")
-        return seconds
-
-    rollwise_s: list[float] = []
-    hf_s: list[float] = []
-    stats: list[dict] = []
-    # no inference_mode: both sides run under their own no_grad, as the engine runs in training;
-    # fork_rng keeps HF's reseeding of the global generator from leaking to the caller
-    with _quiet_transformers(), torch.random.fork_rng(), console.status("warm-up") as status:
-        run_rollwise(0)
-        run_hf(0)
-        for r in range(1, cfg.repeats + 1):
-            status.update(f"run {r}/{cfg.repeats}: rollwise")
-            seconds, s = run_rollwise(r)
-            rollwise_s.append(seconds)
-            stats.append(s)
-            status.update(f"run {r}/{cfg.repeats}: hf generate")
-            hf_s.append(run_hf(r))
-
-    rollwise_tok_s = statistics.median(useful_tokens / s for s in rollwise_s)
-    hf_tok_s = statistics.median(useful_tokens / s for s in hf_s)
+    lengths = workload_lengths(cfg, name)
+    fork = name == "fork"
+    if fork:
+        prompts = [tok(task.train.get(0).text)["input_ids"]] * cfg.num_prompts
+    else:
+        prompts = [tok(task.train.get(i).text)["input_ids"] for i in range(cfg.num_prompts)]
+    longest = max(map(len, prompts)) + max(lengths)
+    if longest > model.config.max_position_embeddings:
+        raise ConfigError(f"{name}: prompt plus max_new_tokens reaches {longest} positions, over the model's "
+                          f"{model.config.max_position_embeddings}; lower the lengths")
+    useful = sum(lengths)
+    hf_computed = sum(len(b) * max(lengths[i] for i in b) for b in _batches(len(prompts), cfg.batch_size))
+    pad = tok.pad_token_id
+    _run_rollwise(cfg, model, pad, prompts, lengths, fork, 0)  # warm-up
+    _run_hf(cfg, model, pad, prompts, lengths, 0)
+    rollwise_s, hf_s, stats = [], [], []
+    for r in range(1, cfg.repeats + 1):
+        status.update(f"{name}: run {r}/{cfg.repeats}: rollwise")
+        seconds, s = _run_rollwise(cfg, model, pad, prompts, lengths, fork, r)
+        rollwise_s.append(seconds)
+        stats.append(s)
+        status.update(f"{name}: run {r}/{cfg.repeats}: hf generate")
+        hf_s.append(_run_hf(cfg, model, pad, prompts, lengths, r))
+    rollwise_tok_s = statistics.median(useful / s for s in rollwise_s)
+    hf_tok_s = statistics.median(useful / s for s in hf_s)
     median_run = sorted(range(cfg.repeats), key=lambda r: rollwise_s[r])[(cfg.repeats - 1) // 2]
-    results = {
-        "model": cfg.preset,
-        "params": params_count,
-        "num_prompts": cfg.num_prompts,
-        "batch_size": cfg.batch_size,
-        "useful_tokens": useful_tokens,
-        "hf_computed_tokens": hf_computed,
+    return {
         "rollwise_tok_s": rollwise_tok_s,
         "hf_tok_s": hf_tok_s,
         "ratio": rollwise_tok_s / hf_tok_s,
+        "flop_utilization": 2 * params_count * rollwise_tok_s / flops,
         "ratio_paired": statistics.median(h / r for r, h in zip(rollwise_s, hf_s)),
+        "useful_tokens": useful,
+        "hf_computed_tokens": hf_computed,
+        "median_length": statistics.median(lengths),
+        "max_length": max(lengths),
         "rollwise_seconds": rollwise_s,
         "hf_seconds": hf_s,
         "rollwise_stats": stats[median_run],
+    }
+
+
+def run_engine_bench(overrides: list[str], console) -> dict:
+    """Benchmark rollwise's engine against HF ``model.generate``; print a table per model, return the results.
+
+    Returns ``{"workloads": {NAME: {"rollwise_tok_s", "hf_tok_s", "ratio", "flop_utilization", ...}},
+    "models": {MODEL: {"params", "workloads": {...}}}, ...}``: the top-level ``workloads`` are
+    those of the last model in ``models`` (by default the larger preset, where arithmetic
+    dominates). ``ratio`` = rollwise / hf of the two medians (above 1: rollwise is faster);
+    ``ratio_paired`` is the median over repeats of adjacent pairs' ratios, steadier on a loaded machine.
+    """
+    from rollwise.model.tiny import build_tiny
+
+    cfg = load_bench_config(overrides)
+    models = {}
+    # no inference_mode: both sides run under their own no_grad, as the engine runs in training;
+    # fork_rng keeps HF's reseeding of the global generator from leaking to the caller
+    with _quiet_transformers(), torch.random.fork_rng(), console.status("measuring matmul FLOP/s") as status:
+        flops = matmul_flops()
+        for name in cfg.models:
+            model, tok = build_tiny(name, seed=cfg.seed)
+            model.eval()
+            params_count = sum(p.numel() for p in model.parameters())
+            workloads = {}
+            for w in cfg.workloads:
+                status.update(f"{name} / {w}: warm-up")
+                workloads[w] = _bench_workload(cfg, model, tok, params_count, w, flops, status)
+            models[name] = {"params": params_count, "workloads": workloads}
+            _print_table(console, cfg, name, params_count, workloads)
+    console.print(f"matmul: {flops / 1e9:.1f} GFLOP/s (fp32, {torch.get_num_threads()} threads)", highlight=False)
+    return {
+        "workloads": models[cfg.models[-1]]["workloads"],
+        "models": models,
+        "matmul_flop_s": flops,
+        "engine": cfg.engine,
         "torch_threads": torch.get_num_threads(),
         "settings": cfg.model_dump(),
     }
 
-    table = Table(title=f"engine vs HF generate — {cfg.preset} ({params_count:,} params), "
-                        f"{cfg.num_prompts} prompts, batch {cfg.batch_size}, median of {cfg.repeats}")
-    table.add_column("engine")
-    table.add_column("useful tok/s", justify="right")
-    table.add_column("median s", justify="right")
-    table.add_column("decode rows computed", justify="right")
-    table.add_row("rollwise", f"{rollwise_tok_s:,.0f}", f"{statistics.median(rollwise_s):.3f}",
-                  f"{stats[median_run]['padded_decode_slots']:,}")
-    table.add_row("hf generate", f"{hf_tok_s:,.0f}", f"{statistics.median(hf_s):.3f}", f"{hf_computed:,}")
+
+def _print_table(console, cfg, name: str, params_count: int, workloads: dict) -> None:
+    table = Table(title=f"{cfg.engine} engine vs HF generate — {name} ({params_count:,} params), "
+                        f"{cfg.num_prompts} requests, batch {cfg.batch_size}, median of {cfg.repeats}")
+    for col in ("workload", "rollwise tok/s", "hf tok/s", "ratio", "paired", "flop util", "rows: rollwise / hf"):
+        table.add_column(col, justify="left" if col == "workload" else "right")
+    for w, r in workloads.items():
+        table.add_row(w, f"{r['rollwise_tok_s']:,.0f}", f"{r['hf_tok_s']:,.0f}", f"{r['ratio']:.2f}x",
+                      f"{r['ratio_paired']:.2f}x", f"{r['flop_utilization']:.1%}",
+                      f"{r['rollwise_stats']['padded_decode_slots']:,} / {r['hf_computed_tokens']:,}")
     console.print(table)
-    console.print(f"ratio rollwise / hf: [bold]{results['ratio']:.2f}x[/] (median of paired runs "
-                  f"{results['ratio_paired']:.2f}x; {useful_tokens:,} useful tokens per run)", highlight=False)
-    return results

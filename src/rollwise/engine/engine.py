@@ -11,7 +11,9 @@ prefilled together, then decoded one token per ``step()`` until every row has fi
 Each request samples from its own ``torch.Generator`` (seeded by ``SamplingParams.seed``,
 or from the engine's seed at submit time), so results do not depend on which other
 requests share its batch up to floating-point effects of batch size.
-Continuous batching, ``fork``, ``pause``/``resume`` arrive with engine v2 (issue #3).
+Continuous batching, ``fork`` and ``pause``/``resume`` are engine v2's
+(``rollwise.engine.slots.SlotEngine``, Llama-family models); v1 stays the fallback that
+runs any HF causal LM.
 """
 
 from __future__ import annotations

@@ -61,11 +61,20 @@ def sample_next(logits: torch.Tensor, params: list[SamplingParams], generators: 
         logprobs = filtered_logprobs(logits, temperature, top_k, top_p)
     # Gumbel-max with each request's own generator: argmax(logp + G) ~ Categorical(exp(logp)).
     uniform = torch.stack([torch.rand(logits.shape[-1], generator=g, device=dev) for g in generators])
+    tokens, chosen = gumbel_pick(logits, logprobs, greedy, uniform)
+    assert tokens.shape == (rows,)
+    return tokens, chosen
+
+
+def gumbel_pick(logits: torch.Tensor, logprobs: torch.Tensor, greedy: torch.Tensor, uniform: torch.Tensor):
+    """Gumbel-max: ``argmax(logprobs + G)`` with ``G = -log(-log(uniform))`` is a draw from
+    ``exp(logprobs)`` (rows [B, V]); greedy rows [B] take ``argmax(logits)`` and report log-prob 0.
+    ``uniform`` [B, V] holds each row's draws from its own generator (it is overwritten).
+    Returns (token_ids [B], logprobs of the chosen tokens [B])."""
     # the parentheses matter: `-x.clamp_()` clamps before negating, which made every G NaN
     gumbel = -torch.log((-torch.log(uniform.clamp_(1e-20, 1.0))).clamp_(min=1e-20))
     sampled = (logprobs + gumbel).argmax(-1)
     tokens = torch.where(greedy, logits.argmax(-1), sampled)
     chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
     chosen = torch.where(greedy, torch.zeros_like(chosen), chosen)
-    assert tokens.shape == (rows,)
     return tokens, chosen

@@ -1,0 +1,405 @@
+"""Engine v2: continuous batching over a slot KV cache the engine owns; fork; pause/resume.
+
+Same contract as the v1 ``Engine`` (DESIGN.md "Engine"): ``submit``, ``step``, ``run_until``,
+``generate``, ``load_weights``, ``stats``, ``version``; plus ``fork``, ``pause`` and
+``resume``. It sees token ids and sampling settings, never tasks or rewards.
+
+How it works:
+
+- **Slots.** Keys/values live in a ``SlotKV`` preallocated per layer as
+  ``[max_batch_size, n_kv_heads, capacity, head_dim]`` (model device and dtype). Running
+  sequences occupy rows ``0..n-1``; when one finishes its slot is freed in the same step and
+  the last row moves into the hole (one copy of that row's keys/values), so every decode
+  step runs over a dense ``[:n]`` slice and never computes a finished row.
+- **One step** = admit queued requests into free slots (prefill them together, right-padded,
+  and sample their first token from the prefill logits) + one decode token for every row
+  that was already running. Every running sequence gets exactly one token per step. The
+  host syncs once per step (the sampled ids and log-probs, one ``.tolist()``).
+- **Sampling** is v1's: per-request ``torch.Generator`` (seeded by ``SamplingParams.seed`` or
+  from the engine's seed at submit, exactly as v1 draws it) and Gumbel-max over the
+  filtered log-probs, so a request's tokens do not depend on its batch-mates beyond float
+  effects of batch shape, and equal v1's for the same seed.
+- **Fork** (``fork(handle, n)``): the sequence is replaced by ``n`` children that inherit its
+  prompt, tokens, log-probs and versions; child ``i`` samples with its own generator seeded
+  ``child_seed(parent_seed, i)``. A running parent's first child keeps its slot; the others
+  get copies of its cached rows (never recomputed). A queued parent's children are prefilled
+  once per admission wave: one leader row is computed, the others copy its rows and sample
+  their first token from the same logits. Children that find no free slot wait in front of
+  the queue and copy from a running sibling when admitted (re-prefilled only if none is left).
+  A running child re-feeds the parent's last sampled token in its own row (that token was
+  never in the parent's cache), as vLLM does for a full prefix-cache hit.
+- **Pause/resume**: ``pause`` frees the slots and returns ``PartialState`` records (ids,
+  log-probs, versions, params, seed and the generator's state); ``resume`` queues them and
+  re-prefills prompt + completion on admission (``stats.reprefill_tokens``).
+
+Forked parents and paused handles never produce a ``Completion``; children and resumed
+sequences get new handles.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+import torch
+
+from rollwise.engine.engine import Completion, Request
+from rollwise.engine.llama import LlamaForward, SlotKV
+from rollwise.engine.sampling import SamplingParams, filtered_logprobs, gumbel_pick
+from rollwise.engine.state import ForkFamily, PartialState, Sequence, SlotEngineStats, child_seed
+
+class SlotEngine:
+    """Continuous batching with fork and pause/resume for Llama-family HF models (CPU or one GPU).
+
+    ``max_batch_size`` is the number of slots (concurrent sequences). ``max_len`` bounds
+    prompt + ``max_new_tokens`` of any request (default: the model's
+    ``max_position_embeddings``); the cache grows to what submitted requests need, up to it.
+    Raises ``UnsupportedModelError`` for other architectures (use the v1 ``Engine``).
+    """
+
+    def __init__(self, model, *, pad_token_id: int, max_batch_size: int = 64, seed: int = 0,
+                 max_len: int | None = None):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size (the number of slots) must be >= 1, got {max_batch_size}")
+        self.forward = LlamaForward(model)
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.max_batch_size = max_batch_size
+        self.max_len = max_len or model.config.max_position_embeddings
+        self.version = 0
+        self.stats = SlotEngineStats(slots=max_batch_size)
+        self._seeder = torch.Generator().manual_seed(seed)
+        self._next_handle = 0
+        self._queue: deque[Sequence] = deque()
+        self._live: dict[int, Sequence] = {}  # handle -> queued or running sequence
+        self._finished: dict[int, Completion] = {}
+        self._rows: list[Sequence] = []  # running sequences; row r uses cache row r
+        self._lens: list[int] = []  # cached positions per row
+        self._kv: SlotKV | None = None
+        self._needed = 0  # longest prompt + max_new_tokens accepted so far
+        S, dev = max_batch_size, self.device
+        self._pending = torch.zeros(S, dtype=torch.long, device=dev)  # token each row feeds next
+        self._pos = torch.zeros(S, dtype=torch.long, device=dev)  # = _lens, on the device
+        self._temperature = torch.ones(S, device=dev)
+        self._top_k = torch.zeros(S, dtype=torch.long, device=dev)
+        self._top_p = torch.ones(S, device=dev)
+        self._greedy = torch.zeros(S, dtype=torch.bool, device=dev)
+        self._row_state = (self._pending, self._pos, self._temperature, self._top_k, self._top_p, self._greedy)
+        self._uniform = torch.empty(S, model.lm_head.weight.shape[0], device=dev)  # Gumbel draws
+
+    @property
+    def device(self) -> torch.device:
+        return self.forward.device
+
+    # -- contract -------------------------------------------------------------------------
+    def submit(self, requests: list[Request]) -> list[int]:
+        for req in requests:
+            if not req.prompt_ids:
+                raise ValueError("engine request has an empty prompt (prompt_ids must hold at least one token)")
+            self._check_fits(len(req.prompt_ids), req.params)
+        handles = []
+        for req in requests:
+            seed = req.params.seed
+            if seed is None:  # drawn as v1 draws it, so an engine seed gives v1's results
+                seed = int(torch.randint(0, 2**62, (1,), generator=self._seeder))
+            seq = self._new_seq(list(req.prompt_ids), req.params, seed)
+            self._queue.append(seq)
+            handles.append(seq.handle)
+        return handles
+
+    @torch.no_grad()
+    def step(self) -> list[Completion]:
+        """Admit queued requests into free slots and advance every running sequence by one token."""
+        start = time.perf_counter()
+        finished: list[Completion] = []
+        n_decode, leaders, followers = self._admit()
+        if self._rows:
+            finished = self._sample(self._run_model(n_decode, leaders, followers))
+            self.stats.steps += 1
+        self.stats.wall_seconds += time.perf_counter() - start
+        return finished
+
+    def run_until(self, condition: Callable[[dict[int, Completion]], bool] | None = None) -> dict[int, Completion]:
+        """Step until ``condition(finished)`` holds (default: nothing left to do); return and clear finished."""
+        while self._queue or self._rows:
+            for c in self.step():
+                self._finished[c.handle] = c
+            if condition is not None and condition(self._finished):
+                break
+        done, self._finished = self._finished, {}
+        return done
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        """Submit, run to completion, and return completions in request order."""
+        handles = self.submit(requests)
+        done = self.run_until()
+        return [done[h] for h in handles]
+
+    def load_weights(self, source) -> int:
+        """Take new weights (a state dict, or a model whose parameters are shared) and bump the version."""
+        if isinstance(source, dict):
+            self.model.load_state_dict(source)
+        elif source is not self.model:
+            self.model.load_state_dict(source.state_dict())
+        self.forward.refresh()
+        self.version += 1
+        return self.version
+
+    @torch.no_grad()
+    def fork(self, handle: int, n: int, params: list[SamplingParams] | None = None) -> list[int]:
+        """Replace a queued or running sequence by ``n`` children sharing its prefix; return their handles.
+
+        Children keep the parent's sampling settings unless ``params`` gives one per child
+        (e.g. per-branch budgets); a child's seed is always ``child_seed(parent seed, index)``.
+        """
+        if n < 1:
+            raise ValueError(f"fork needs n >= 1, got {n}")
+        if handle not in self._live:
+            self._take(handle)  # raises the not-running error
+        if params is None:
+            params = [self._live[handle].params] * n
+        elif len(params) != n:
+            raise ValueError(f"fork got {len(params)} sampling settings for {n} children")
+        done = len(self._live[handle].tokens)
+        for p in params:
+            if done >= p.max_new_tokens:
+                raise ValueError(f"a fork child's max_new_tokens ({p.max_new_tokens}) must exceed the {done} tokens "
+                                 "already sampled")
+            self._check_fits(len(self._live[handle].prompt_ids), p)
+        parent = self._take(handle)
+        family = ForkFamily(shared_len=len(parent.ids) - 1)
+        for i, p in enumerate(params):
+            child = self._new_seq(
+                parent.prompt_ids, p, child_seed(parent.seed, i), tokens=list(parent.tokens),
+                logprobs=list(parent.logprobs), versions=list(parent.versions),
+                recompute=parent.recompute or parent.row is not None,
+            )
+            child.family = family
+            family.members.append(child)
+        children = family.members
+        if parent.row is None:  # still queued: the children take its place in line
+            queue = list(self._queue)
+            at = queue.index(parent)
+            self._queue = deque(queue[:at] + children + queue[at + 1 :])
+        else:
+            row = parent.row
+            assert self._lens[row] == family.shared_len
+            children[0].row, self._rows[row], parent.row = row, children[0], None
+            self._write_params(row, children[:1])
+            free = self.max_batch_size - len(self._rows)
+            self._place_copies([(c, row) for c in children[1 : 1 + free]])
+            self._queue.extendleft(reversed(children[1 + free :]))  # first in line
+        return [c.handle for c in children]
+
+    def pause(self, handles: list[int]) -> list[PartialState]:
+        """Stop these sequences, free their slots, and return their states (in order)."""
+        states, freed = [], []
+        for h in handles:
+            seq = self._take(h)
+            if seq.row is None:
+                self._queue.remove(seq)
+            else:
+                freed.append(seq.row)
+            states.append(PartialState(
+                prompt_ids=list(seq.prompt_ids), token_ids=list(seq.tokens), logprobs=list(seq.logprobs),
+                versions=list(seq.versions), params=seq.params, seed=seq.seed,
+                generator_state=seq.generator.get_state(),
+            ))
+        self._free(freed)
+        return states
+
+    def resume(self, states: list[PartialState]) -> list[int]:
+        """Queue paused sequences to continue where they stopped; return their new handles."""
+        for st in states:
+            if not st.prompt_ids:
+                raise ValueError("cannot resume a state with an empty prompt")
+            if not len(st.token_ids) == len(st.logprobs) == len(st.versions):
+                raise ValueError("resume: token_ids, logprobs and versions must have equal lengths")
+            if len(st.token_ids) >= st.params.max_new_tokens:
+                raise ValueError("resume: this state already holds max_new_tokens tokens")
+            self._check_fits(len(st.prompt_ids), st.params)
+        handles = []
+        for st in states:
+            gen = torch.Generator(device=self.device)
+            gen.set_state(st.generator_state)
+            seq = self._new_seq(list(st.prompt_ids), st.params, st.seed, generator=gen, tokens=list(st.token_ids),
+                                logprobs=list(st.logprobs), versions=list(st.versions), recompute=True)
+            self._queue.append(seq)
+            handles.append(seq.handle)
+        return handles
+
+    # -- bookkeeping ----------------------------------------------------------------------
+    def _new_seq(self, prompt_ids, params, seed, generator=None, **kw) -> Sequence:
+        if generator is None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        seq = Sequence(self._next_handle, prompt_ids, params, seed, generator, **kw)
+        self._live[seq.handle] = seq
+        self._next_handle += 1
+        return seq
+
+    def _take(self, handle: int) -> Sequence:
+        if handle not in self._live:
+            raise ValueError(f"handle {handle} is not queued or running (finished, paused, forked or unknown)")
+        return self._live.pop(handle)
+
+    def _check_fits(self, prompt_len: int, params: SamplingParams) -> None:
+        need = prompt_len + params.max_new_tokens
+        if need > self.max_len:
+            raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({params.max_new_tokens}) = {need} "
+                             f"exceeds the engine's max_len {self.max_len}")
+        self._needed = max(self._needed, need)
+
+    def _ensure_cache(self) -> None:
+        cap = self._kv.capacity if self._kv is not None else 0
+        if self._needed <= cap:
+            return
+        new = min(self.max_len, -(-max(self._needed, 2 * cap) // 64) * 64)  # room to grow, in blocks of 64
+        self.forward.ensure_rope(new)
+        if self._kv is None:
+            self._kv = self.forward.new_cache(self.max_batch_size, new)
+        else:
+            self._kv.grow(new)
+
+    def _place(self, seqs: list[Sequence], lens: list[int]) -> None:
+        """Append running rows for ``seqs`` with ``lens`` cached positions and their sampling settings."""
+        if not seqs:
+            return
+        r0 = len(self._rows)
+        for i, seq in enumerate(seqs):
+            seq.row = r0 + i
+        self._rows += seqs
+        self._lens += lens
+        self._pos[r0 : r0 + len(seqs)] = torch.tensor(lens, device=self.device)
+        self._write_params(r0, seqs)
+
+    def _write_params(self, r0: int, seqs: list[Sequence]) -> None:
+        """Sampling settings of ``seqs`` into the device rows from ``r0``."""
+        rows, dev = slice(r0, r0 + len(seqs)), self.device
+        params = [s.params for s in seqs]
+        temperature = [p.temperature if p.temperature > 0 else 1.0 for p in params]  # greedy rows ignore it
+        self._temperature[rows] = torch.tensor(temperature, device=dev)
+        self._top_k[rows] = torch.tensor([p.top_k for p in params], device=dev)
+        self._top_p[rows] = torch.tensor([p.top_p for p in params], device=dev)
+        self._greedy[rows] = torch.tensor([p.temperature == 0 for p in params], device=dev)
+
+    def _place_copies(self, pairs: list[tuple[Sequence, int]]) -> None:
+        """Admit fork children: copy the shared prefix from running row ``src``; each re-feeds its last id."""
+        if not pairs:
+            return
+        lens = [s.family.shared_len for s, _ in pairs]
+        r0 = len(self._rows)
+        self._kv.copy_rows([src for _, src in pairs], list(range(r0, r0 + len(pairs))), max(lens))
+        self._place([s for s, _ in pairs], lens)
+        self._pending[r0 : r0 + len(pairs)] = torch.tensor([s.ids[-1] for s, _ in pairs], device=self.device)
+        self.stats.prefix_tokens_shared += sum(lens)
+        self.stats.prefill_tokens += sum(1 for s, _ in pairs if not s.tokens)  # a prompt's last token, again
+
+    def _admit(self) -> tuple[int, list[Sequence], list[tuple[Sequence, int]]]:
+        """Move queued sequences into free rows. Fork children with a running sibling are placed
+        at once (they decode this step); the rest become prefill leaders, or followers that
+        share a leader's prefill. Returns (rows that decode, leaders, (follower, leader index))."""
+        self._ensure_cache()
+        free = self.max_batch_size - len(self._rows)
+        copies, leaders, followers, lead_of = [], [], [], {}
+        while self._queue and free > 0:
+            seq = self._queue.popleft()
+            free -= 1
+            family = seq.family
+            if family is not None:
+                sibling = family.running()
+                if sibling is not None:
+                    copies.append((seq, sibling.row))
+                    continue
+                if id(family) in lead_of:
+                    followers.append((seq, lead_of[id(family)]))
+                    continue
+                lead_of[id(family)] = len(leaders)
+            leaders.append(seq)
+        self._place_copies(copies)
+        n_decode = len(self._rows)
+        self._place(leaders, [len(s.ids) for s in leaders])
+        self._place([f for f, _ in followers], [len(f.ids) for f, _ in followers])
+        return n_decode, leaders, followers
+
+    # -- model and sampling ---------------------------------------------------------------
+    def _run_model(self, n_decode: int, leaders: list[Sequence], followers: list[tuple[Sequence, int]]) -> torch.Tensor:
+        """Decode rows ``[0, n_decode)``, prefill the leaders; return next-token logits for every row [n, V]."""
+        parts = []
+        if n_decode:
+            span = max(self._lens[:n_decode]) + 1
+            parts.append(self.forward.decode(self._kv, self._pending[:n_decode], self._pos[:n_decode], span))
+            self._pos[:n_decode] += 1
+            self._lens[:n_decode] = [n + 1 for n in self._lens[:n_decode]]
+            self.stats.forward_calls += 1
+        if leaders:
+            seqs = [s.ids for s in leaders]
+            lens = [len(s) for s in seqs]
+            width = max(lens)
+            ids = torch.tensor([s + [self.pad_token_id] * (width - len(s)) for s in seqs], device=self.device)
+            logits = self.forward.prefill(self._kv, ids, lens, n_decode)
+            self.stats.forward_calls += 1
+            self.stats.prefill_tokens += sum(lens)
+            self.stats.reprefill_tokens += sum(n for s, n in zip(leaders, lens) if s.recompute)
+            if followers:  # same prompt as their leader: copy its rows, sample from its logits
+                src = [n_decode + i for _, i in followers]
+                self._kv.copy_rows(src, [f.row for f, _ in followers], width)
+                self.stats.prefix_tokens_shared += sum(lens[i] for _, i in followers)
+                logits = logits[torch.tensor(list(range(len(leaders))) + [i for _, i in followers], device=self.device)]
+            parts.append(logits)
+        return (torch.cat(parts) if len(parts) > 1 else parts[0]).float()
+
+    def _sample(self, logits: torch.Tensor) -> list[Completion]:
+        """Sample one token per row (one host sync), record it, and retire finished rows."""
+        n, rows = logits.shape[0], self._rows
+        if all(s.params.temperature == 0 or _plain(s.params) for s in rows):
+            logprobs = logits.log_softmax(-1)  # the common case, without sorting the vocabulary
+        else:
+            logprobs = filtered_logprobs(logits, self._temperature[:n], self._top_k[:n], self._top_p[:n])
+        uniform = self._uniform[:n]
+        for i, seq in enumerate(rows):
+            torch.rand(uniform.shape[1], generator=seq.generator, out=uniform[i])
+        tokens, chosen = gumbel_pick(logits, logprobs, self._greedy[:n], uniform)
+        self._pending[:n] = tokens
+        token_list, logprob_list = torch.stack((tokens.double(), chosen.double())).tolist()
+        self.stats.decode_tokens += n
+        self.stats.padded_decode_slots += n
+        done, finished = [], []
+        for r, (seq, tok, lp) in enumerate(zip(rows, token_list, logprob_list)):
+            tok = int(tok)
+            seq.tokens.append(tok)
+            seq.logprobs.append(lp)
+            seq.versions.append(self.version)
+            reason = "stop" if tok in seq.params.stop_token_ids else (
+                "length" if len(seq.tokens) >= seq.params.max_new_tokens else None)
+            if reason is not None:
+                done.append(r)
+                del self._live[seq.handle]
+                finished.append(Completion(handle=seq.handle, prompt_ids=list(seq.prompt_ids), token_ids=seq.tokens,
+                                           logprobs=seq.logprobs, versions=seq.versions, finish_reason=reason))
+        self._free(done)
+        return finished
+
+    def _free(self, rows: list[int]) -> None:
+        """Release ``rows``; the last running rows move into the holes so rows stay ``[0, n)``."""
+        if not rows:
+            return
+        gone = set(rows)
+        for r in gone:
+            self._rows[r].row = None
+        n = len(self._rows)
+        keep = n - len(gone)
+        holes = [r for r in sorted(gone) if r < keep]
+        movers = [r for r in range(keep, n) if r not in gone]
+        if holes:
+            self._kv.copy_rows(movers, holes, max(self._lens[r] for r in movers))
+            src, dst = torch.tensor(movers, device=self.device), torch.tensor(holes, device=self.device)
+            for t in self._row_state:
+                t[dst] = t[src]
+            for h, m in zip(holes, movers):
+                self._rows[h], self._lens[h] = self._rows[m], self._lens[m]
+                self._rows[h].row = h
+        del self._rows[keep:], self._lens[keep:]
+
+
+def _plain(p: SamplingParams) -> bool:
+    return p.temperature == 1.0 and p.top_k == 0 and p.top_p == 1.0

@@ -1,0 +1,90 @@
+"""Records of engine v2 (``slots.SlotEngine``): a sequence's host-side state, fork families,
+paused states, stats, and how fork children are seeded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rollwise.engine.engine import EngineStats
+from rollwise.engine.sampling import SamplingParams
+
+_MASK64 = (1 << 64) - 1
+
+
+def child_seed(seed: int, index: int) -> int:
+    """Seed of fork child ``index`` of a sequence seeded ``seed`` (splitmix64 of the pair, < 2**63)."""
+    x = (seed * 0x9E3779B97F4A7C15 + index + 1) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) >> 1
+
+
+@dataclass
+class PartialState:
+    """A paused sequence: what ``resume`` needs to continue it as if it had never stopped."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]  # completion so far
+    logprobs: list[float]  # behaviour log-prob of each completion token
+    versions: list[int]  # policy version that sampled each completion token
+    params: SamplingParams
+    seed: int
+    generator_state: torch.Tensor  # torch.Generator.get_state() (a CPU uint8 tensor)
+
+
+@dataclass
+class SlotEngineStats(EngineStats):
+    """v1's counters (``prefill_tokens`` counts every token run through a prefill, re-prefills
+    included; ``padded_decode_slots`` counts sampled rows, so ``occupancy`` is 1 by construction)
+    plus what v2 adds."""
+
+    prefix_tokens_shared: int = 0  # cached positions copied between slots by fork instead of computed
+    reprefill_tokens: int = 0  # of prefill_tokens: prefixes computed again (resume; fork with no sibling left)
+    steps: int = 0  # step() calls that ran the model
+    slots: int = 0  # max concurrent sequences
+
+    @property
+    def slot_occupancy(self) -> float:
+        """Mean share of the slots that sampled a token per step."""
+        return self.decode_tokens / (self.steps * self.slots) if self.steps else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        d = super().as_dict()
+        d.update(prefix_tokens_shared=self.prefix_tokens_shared, reprefill_tokens=self.reprefill_tokens,
+                 steps=self.steps, slot_occupancy=self.slot_occupancy)
+        return d
+
+
+@dataclass(eq=False)
+class ForkFamily:
+    """The children of one fork. Every member's first ``shared_len`` cached positions are the
+    shared prefix, so any running member can seed a newly admitted one."""
+
+    shared_len: int
+    members: list[Sequence] = field(default_factory=list)
+
+    def running(self) -> Sequence | None:
+        return next((m for m in self.members if m.row is not None), None)
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One queued or running sequence as the engine tracks it on the host (engine-internal)."""
+
+    handle: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    generator: torch.Generator
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    family: ForkFamily | None = None
+    recompute: bool = False  # its ids were computed before (resumed, or a running parent's child)
+    row: int | None = None  # cache row while running
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.tokens

@@ -38,6 +38,8 @@ PRESETS = {
     "tiny": TinyPreset(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384),
     # ~3M parameters.
     "small": TinyPreset(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=768),
+    # ~19M parameters: big enough that matrix multiplies, not Python, dominate a decode step.
+    "medium": TinyPreset(hidden_size=512, num_layers=6, num_heads=8, num_kv_heads=4, intermediate_size=1536),
 }
 
 

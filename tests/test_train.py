@@ -97,6 +97,10 @@ def test_cli_train_writes_run_directory(tmp_path):
     result = CliRunner().invoke(app, args + ["--resume"])
     assert result.exit_code == 0, result.output
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
+    # a fresh run into the same directory starts over: no stale checkpoint survives to be resumed
+    result = CliRunner().invoke(app, args + ["--set", "train.steps=1"])
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000001"]
 
 
 def test_cli_sft_then_eval_the_saved_model(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -150,8 +151,11 @@ class Trainer:
             self.engine.load_weights(self.model)
         else:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
-            for stale in ("metrics.jsonl", "samples.jsonl"):
+            # a fresh run in an existing directory starts over: nothing stale may be resumed later
+            for stale in ("metrics.jsonl", "samples.jsonl", "summary.json"):
                 (self.run_dir / stale).unlink(missing_ok=True)
+            for stale in ("checkpoints", "init_model"):
+                shutil.rmtree(self.run_dir / stale, ignore_errors=True)
             if self.cfg.sft.steps:
                 s = self.cfg.sft
                 sft(self.model, self.tokenizer, self.task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,

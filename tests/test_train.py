@@ -72,6 +72,19 @@ def test_objectives_and_kl_smoke(tmp_path, extra):
         assert trainer.ref_model is not None and "kl" in m and m["kl"] >= 0
 
 
+def test_countdown_and_file_tasks_train(tmp_path):
+    rows = "".join(f'{{"question": "What is {i}+{i}?", "answer": "{2 * i}", "level": {i % 3}}}\n' for i in range(20))
+    (tmp_path / "data.jsonl").write_text(rows)
+    common = ["rollout.prompts_per_step=2", "rollout.num_generations=2", "rollout.max_new_tokens=16",
+              "train.eval_size=4", "train.eval_samples=0", "model.threads=1"]
+    for task in (["task.name=countdown", "task.eval_size=4", "sft.steps=3"],
+                 ["task.name=file", f"task.path={tmp_path / 'data.jsonl'}", "task.prompt_field=question"]):
+        trainer = Trainer(load_run_config(None, [f"output_dir={tmp_path}", *task, *common]))
+        trainer.prepare()
+        m = run_steps(trainer, 1)[0]
+        assert m["tokens/generated"] > 0 and m["reward/mean"] >= 0
+
+
 def test_resume_without_checkpoint_is_an_error(tmp_path):
     trainer = Trainer(fast_config(tmp_path, "name=none"))
     with pytest.raises(FileNotFoundError, match="no checkpoint"):

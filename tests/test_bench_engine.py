@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from rollwise.bench.engine import EngineBenchConfig, load_bench_config, run_engine_bench, workload_lengths
 from rollwise.config import ConfigError
 
-SMALL = ["models=[tiny]", "num_prompts=8", "repeats=1", "min_new_tokens=4", "max_new_tokens=8",
+SMALL = ["models=[tiny]", "threads=1", "num_prompts=8", "repeats=1", "min_new_tokens=4", "max_new_tokens=8",
          "long_tail_median=4", "long_tail_share=0.2"]
 
 

@@ -11,6 +11,7 @@ changes how BLAS blocks the matmuls and so the summation order. Measured differe
 """
 
 import copy
+import random
 
 import pytest
 import torch
@@ -310,6 +311,7 @@ def test_fork_overflow_copies_from_a_running_sibling(tiny, prompts):
     h, _ = engine.submit([Request(prompts[3], params), Request(prompts[0], SamplingParams(max_new_tokens=3))])
     engine.step()
     children = engine.fork(h, 3)  # one slot free: the third child waits until the short request ends
+    assert list(engine._queue) == [engine._live[children[2]]]
     outs = engine.run_until()
     for c in children:
         assert outs[c].token_ids == ref.token_ids
@@ -320,7 +322,6 @@ def test_fork_overflow_copies_from_a_running_sibling(tiny, prompts):
 
 # -- pause / resume -----------------------------------------------------------------------
 def test_pause_resume_continues_as_if_never_paused(tiny, prompts):
-    _, tok = tiny
     reqs = mixed_requests(prompts)
     straight = engine_for(tiny, max_batch_size=4).generate(reqs)
 
@@ -334,15 +335,14 @@ def test_pause_resume_continues_as_if_never_paused(tiny, prompts):
     states = engine.pause(live)
     assert engine._rows == [] and not engine._queue
     assert all(len(s.token_ids) == len(s.logprobs) == len(s.versions) for s in states)
+    assert any(s.token_ids for s in states) and any(not s.token_ids for s in states)  # running and queued
     computed = sum(len(s.prompt_ids) + len(s.token_ids) for s in states)
     resumed = engine.resume(states)
     done.update(engine.run_until())
     assert engine.stats.reprefill_tokens == computed
     by_request = dict(zip(live, resumed))
     for h, ref in zip(handles, straight):
-        out = done.get(by_request.get(h, h))
-        if out is None:  # finished before the pause: returned by an earlier step
-            continue
+        out = done[by_request.get(h, h)]
         assert out.token_ids == ref.token_ids and out.finish_reason == ref.finish_reason
         torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(ref.logprobs), atol=ATOL, rtol=0)
         assert len(out.versions) == len(out.token_ids)
@@ -389,3 +389,80 @@ def test_fork_with_per_child_settings(tiny, prompts):
         engine.fork(h, 1, [SamplingParams(max_new_tokens=2)])
     with pytest.raises(ValueError, match="2 sampling settings for 3"):
         engine.fork(h, 3, budgets[:2])
+
+
+def test_pause_queued_and_bad_handles(tiny, prompts):
+    params = SamplingParams(max_new_tokens=8, seed=2)
+    (ref,) = engine_for(tiny).generate([Request(prompts[0], params)])
+    engine = engine_for(tiny, max_batch_size=1)
+    a, b = engine.submit([Request(prompts[1], params), Request(prompts[0], params)])
+    engine.step()  # a runs, b waits
+    with pytest.raises(ValueError, match="not queued or running"):
+        engine.pause([b, 999])
+    with pytest.raises(ValueError, match="twice"):
+        engine.pause([b, b])
+    (state,) = engine.pause([b])  # never admitted: nothing computed yet
+    assert state.token_ids == [] and len(engine._queue) == 0
+    (b2,) = engine.resume([state])
+    outs = engine.run_until()
+    assert sorted(outs) == [a, b2] and outs[b2].token_ids == ref.token_ids
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_random_interleavings_keep_every_sequence_exact(tiny, prompts, trial):
+    """Greedy requests under random forks, pauses, resumes, new submissions and weight loads,
+    with 1-5 slots: every completion is its prompt's greedy continuation, cut at its own
+    max_new_tokens, whatever happened to it on the way (compaction, copies, re-prefills)."""
+    rng = random.Random(trial)
+    full = [o.token_ids for o in engine_for(tiny).generate(
+        [Request(p, SamplingParams(temperature=0, max_new_tokens=45)) for p in prompts])]
+    engine = engine_for(tiny, max_batch_size=rng.randint(1, 5))
+    origin, paused, done = {}, [], {}  # handle -> (prompt index, max_new_tokens)
+
+    def add(n):
+        for _ in range(n):
+            i, m = rng.randrange(len(prompts)), rng.randint(1, 40)
+            (h,) = engine.submit([Request(prompts[i], SamplingParams(temperature=0, max_new_tokens=m))])
+            origin[h] = (i, m)
+
+    add(rng.randint(2, 8))
+    while engine._queue or engine._rows or paused:
+        r, live = rng.random(), list(engine._live)
+        if r < 0.1 and live and len(origin) < 40:
+            h = rng.choice(live)
+            budgets = [rng.randint(len(engine._live[h].tokens) + 1, 45) for _ in range(rng.randint(1, 4))]
+            kids = engine.fork(h, len(budgets), [SamplingParams(temperature=0, max_new_tokens=m) for m in budgets])
+            origin.update((k, (origin[h][0], m)) for k, m in zip(kids, budgets))
+        elif r < 0.18 and live:
+            hs = rng.sample(live, rng.randint(1, len(live)))
+            paused += [(origin[h], st) for h, st in zip(hs, engine.pause(hs))]
+        elif (r < 0.25 and paused) or not (engine._queue or engine._rows):
+            rng.shuffle(paused)
+            k = rng.randint(1, len(paused))
+            for o, st in paused[:k]:
+                origin[engine.resume([st])[0]] = o
+            paused = paused[k:]
+        elif r < 0.28 and len(origin) < 40:
+            add(rng.randint(1, 3))
+        elif r < 0.30:
+            engine.load_weights(tiny[0])
+        done.update((c.handle, c) for c in engine.step())
+    assert not engine._live and done
+    for h, c in done.items():
+        i, m = origin[h]
+        assert c.token_ids == full[i][:m]
+        assert len(c.versions) == len(c.token_ids) == len(c.logprobs) and c.versions == sorted(c.versions)
+
+
+def test_cache_grows_under_running_sequences(tiny, prompts):
+    short, long = SamplingParams(temperature=0, max_new_tokens=30), SamplingParams(temperature=0, max_new_tokens=150)
+    refs = [engine_for(tiny).generate([Request(prompts[i], p)])[0].token_ids for i, p in ((3, short), (1, long))]
+    engine = engine_for(tiny)
+    (a,) = engine.submit([Request(prompts[3], short)])
+    for _ in range(10):
+        engine.step()
+    capacity = engine._kv.capacity
+    (b,) = engine.submit([Request(prompts[1], long)])  # needs more positions than the cache has
+    outs = engine.run_until()
+    assert engine._kv.capacity > capacity >= len(prompts[3]) + 30
+    assert outs[a].token_ids == refs[0] and outs[b].token_ids == refs[1]

@@ -92,7 +92,7 @@ def eval_(
     json_path: Annotated[Path | None, typer.Option("--json", help="also write the results here")] = None,
 ):
     """Greedy accuracy and pass@k of `model.path` (or the preset) on the task's eval split."""
-    from rollwise.engine.engine import Engine
+    from rollwise.engine import make_engine
     from rollwise.eval.accuracy import evaluate
     from rollwise.filter.registry import resolve_rewards
     from rollwise.model.load import encode_prompt, load_model_and_tokenizer
@@ -105,7 +105,8 @@ def eval_(
     prompts = task.eval[: cfg.train.eval_size]
     for p in prompts:
         p.token_ids = encode_prompt(tok, p)
-    engine = Engine(model, pad_token_id=tok.pad_token_id, max_batch_size=cfg.rollout.max_batch_size, seed=cfg.seed)
+    engine = make_engine(model, pad_token_id=tok.pad_token_id, max_batch_size=cfg.rollout.max_batch_size,
+                         seed=cfg.seed, kind=cfg.rollout.engine)
     result = evaluate(
         engine, prompts, judge, lambda ids: tok.decode(ids, skip_special_tokens=True),
         max_new_tokens=cfg.rollout.max_new_tokens, stop_token_ids=(tok.eos_token_id,),

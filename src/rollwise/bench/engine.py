@@ -27,11 +27,17 @@ How the workloads are built, and why:
 - ``flop_utilization`` = 2 × parameters × rollwise tokens/s ÷ the machine's fp32 matmul
   FLOP/s (a square matmul measured in this run, at the same thread count).
 - Timed regions cover everything from token-id lists to generated ids on both sides. Each
-  side gets one untimed warm-up run per workload. ``torch`` threads are left at their default.
+  side gets one untimed warm-up run per workload. rollwise keeps one engine per workload
+  across its runs, as the trainer keeps one across steps (so its KV cache is allocated in the
+  warm-up; HF allocates its cache inside every ``generate`` call, which is how HF works).
+  ``torch`` threads are left at their default unless ``threads`` is set: on a machine shared
+  with other work, one thread is steadier (with two, a small matmul waits whenever the OS
+  parks either thread).
 """
 
 from __future__ import annotations
 
+import copy
 import random
 import statistics
 import time
@@ -66,6 +72,7 @@ class EngineBenchConfig(StrictModel):
     long_tail_share: float = Field(0.1, gt=0, le=1, description="long_tail/fork: share of long completions")
     temperature: float = Field(1.0, gt=0, description="sampling temperature, the same for both sides")
     repeats: int = Field(3, ge=1, description="timed runs per side (alternating); the median is reported")
+    threads: int = Field(0, ge=0, description="torch threads for both sides (0 = torch's default)")
 
 
 def load_bench_config(overrides: list[str]) -> EngineBenchConfig:
@@ -138,13 +145,19 @@ def matmul_flops(dtype: torch.dtype = torch.float32, size: int = 1024, seconds: 
     return best
 
 
-def _run_rollwise(cfg, model, pad_id, prompts, lengths, fork: bool, run: int) -> tuple[float, dict]:
-    from rollwise.engine.engine import Engine, Request
-    from rollwise.engine.sampling import SamplingParams
+def _make_engine(cfg, model, pad_id):
+    from rollwise.engine.engine import Engine
     from rollwise.engine.slots import SlotEngine
 
     cls = SlotEngine if cfg.engine == "slots" else Engine
-    engine = cls(model, pad_token_id=pad_id, max_batch_size=cfg.batch_size, seed=cfg.seed * 1000 + run)
+    return cls(model, pad_token_id=pad_id, max_batch_size=cfg.batch_size, seed=cfg.seed)
+
+
+def _run_rollwise(cfg, engine, zero_stats, prompts, lengths, fork: bool) -> tuple[float, dict]:
+    from rollwise.engine.engine import Request
+    from rollwise.engine.sampling import SamplingParams
+
+    engine.stats = copy.copy(zero_stats)  # this run's counters only
     params = [SamplingParams(temperature=cfg.temperature, max_new_tokens=n) for n in lengths]
     start = time.perf_counter()
     if fork and cfg.engine == "slots":
@@ -195,12 +208,14 @@ def _bench_workload(cfg, model, tok, params_count, name, flops, status) -> dict:
     useful = sum(lengths)
     hf_computed = sum(len(b) * max(lengths[i] for i in b) for b in _batches(len(prompts), cfg.batch_size))
     pad = tok.pad_token_id
-    _run_rollwise(cfg, model, pad, prompts, lengths, fork, 0)  # warm-up
+    engine = _make_engine(cfg, model, pad)  # one engine for all runs, as a trainer keeps one
+    zero_stats = copy.copy(engine.stats)
+    _run_rollwise(cfg, engine, zero_stats, prompts, lengths, fork)  # warm-up (and the cache's allocation)
     _run_hf(cfg, model, pad, prompts, lengths, 0)
     rollwise_s, hf_s, stats = [], [], []
     for r in range(1, cfg.repeats + 1):
         status.update(f"{name}: run {r}/{cfg.repeats}: rollwise")
-        seconds, s = _run_rollwise(cfg, model, pad, prompts, lengths, fork, r)
+        seconds, s = _run_rollwise(cfg, engine, zero_stats, prompts, lengths, fork)
         rollwise_s.append(seconds)
         stats.append(s)
         status.update(f"{name}: run {r}/{cfg.repeats}: hf generate")
@@ -233,9 +248,19 @@ def run_engine_bench(overrides: list[str], console) -> dict:
     dominates). ``ratio`` = rollwise / hf of the two medians (above 1: rollwise is faster);
     ``ratio_paired`` is the median over repeats of adjacent pairs' ratios, steadier on a loaded machine.
     """
+    cfg = load_bench_config(overrides)
+    threads = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _run_models(cfg, console)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_models(cfg: EngineBenchConfig, console) -> dict:
     from rollwise.model.tiny import build_tiny
 
-    cfg = load_bench_config(overrides)
     models = {}
     # no inference_mode: both sides run under their own no_grad, as the engine runs in training;
     # fork_rng keeps HF's reseeding of the global generator from leaking to the caller

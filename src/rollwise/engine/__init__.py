@@ -1,0 +1,31 @@
+"""Engine: token generation only (batched sampling with a KV cache, fork, pause/resume).
+
+``make_engine`` picks the implementation: the slot engine (continuous batching, fork,
+pause/resume, its own Llama-family forward) for the model types it supports, else the v1
+engine, which runs any Hugging Face causal LM through ``model(...)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+log = logging.getLogger(__name__)
+
+EngineKind = Literal["auto", "slots", "v1"]
+
+
+def make_engine(model, *, pad_token_id: int, max_batch_size: int, seed: int, kind: EngineKind = "auto"):
+    from rollwise.engine.engine import Engine
+    from rollwise.engine.llama import UnsupportedModelError
+    from rollwise.engine.slots import SlotEngine
+
+    if kind == "v1":
+        return Engine(model, pad_token_id=pad_token_id, max_batch_size=max_batch_size, seed=seed)
+    try:
+        return SlotEngine(model, pad_token_id=pad_token_id, max_batch_size=max_batch_size, seed=seed)
+    except UnsupportedModelError as err:
+        if kind == "slots":
+            raise
+        log.warning("slot engine unavailable (%s); using the v1 engine", err)
+        return Engine(model, pad_token_id=pad_token_id, max_batch_size=max_batch_size, seed=seed)

@@ -41,12 +41,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+
 import torch
 
 from rollwise.engine.engine import Completion, Request
 from rollwise.engine.llama import LlamaForward, SlotKV
 from rollwise.engine.sampling import SamplingParams, filtered_logprobs, gumbel_pick
 from rollwise.engine.state import ForkFamily, PartialState, Sequence, SlotEngineStats, child_seed
+
 
 class SlotEngine:
     """Continuous batching with fork and pause/resume for Llama-family HF models (CPU or one GPU).
@@ -154,19 +156,17 @@ class SlotEngine:
         """
         if n < 1:
             raise ValueError(f"fork needs n >= 1, got {n}")
-        if handle not in self._live:
-            self._take(handle)  # raises the not-running error
+        parent = self._get(handle)
         if params is None:
-            params = [self._live[handle].params] * n
+            params = [parent.params] * n
         elif len(params) != n:
             raise ValueError(f"fork got {len(params)} sampling settings for {n} children")
-        done = len(self._live[handle].tokens)
         for p in params:
-            if done >= p.max_new_tokens:
-                raise ValueError(f"a fork child's max_new_tokens ({p.max_new_tokens}) must exceed the {done} tokens "
-                                 "already sampled")
-            self._check_fits(len(self._live[handle].prompt_ids), p)
-        parent = self._take(handle)
+            if len(parent.tokens) >= p.max_new_tokens:
+                raise ValueError(f"a fork child's max_new_tokens ({p.max_new_tokens}) must exceed the "
+                                 f"{len(parent.tokens)} tokens already sampled")
+            self._check_fits(len(parent.prompt_ids), p)
+        self._take(handle)
         family = ForkFamily(shared_len=len(parent.ids) - 1)
         for i, p in enumerate(params):
             child = self._new_seq(
@@ -193,6 +193,10 @@ class SlotEngine:
 
     def pause(self, handles: list[int]) -> list[PartialState]:
         """Stop these sequences, free their slots, and return their states (in order)."""
+        for h in handles:
+            self._get(h)  # all or nothing
+        if len(set(handles)) != len(handles):
+            raise ValueError("pause got the same handle twice")
         states, freed = [], []
         for h in handles:
             seq = self._take(h)
@@ -237,10 +241,13 @@ class SlotEngine:
         self._next_handle += 1
         return seq
 
-    def _take(self, handle: int) -> Sequence:
+    def _get(self, handle: int) -> Sequence:
         if handle not in self._live:
             raise ValueError(f"handle {handle} is not queued or running (finished, paused, forked or unknown)")
-        return self._live.pop(handle)
+        return self._live[handle]
+
+    def _take(self, handle: int) -> Sequence:
+        return self._live.pop(self._get(handle).handle)
 
     def _check_fits(self, prompt_len: int, params: SamplingParams) -> None:
         need = prompt_len + params.max_new_tokens

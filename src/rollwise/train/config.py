@@ -28,7 +28,10 @@ class RolloutConfig(StrictModel):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass (1 = off)")
     top_k: int = Field(0, ge=0, description="top-k sampling (0 = off)")
     max_new_tokens: int = Field(128, ge=1, description="completion length limit (finish_reason 'length' beyond)")
-    max_batch_size: int = Field(256, ge=1, description="sequences the engine decodes at once")
+    max_batch_size: int = Field(256, ge=1, description="sequences the engine decodes at once (its slots)")
+    engine: Literal["auto", "slots", "v1"] = Field(
+        "auto", description="slots: continuous batching + fork/pause (Llama/Qwen2/Mistral); v1: any HF model; auto"
+    )
 
 
 class OptimConfig(StrictModel):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import yaml
 
-from rollwise.engine.engine import Engine
+from rollwise.engine import make_engine
 from rollwise.engine.sampling import SamplingParams
 from rollwise.eval.accuracy import EvalResult, evaluate
 from rollwise.filter.registry import resolve_rewards
@@ -81,8 +81,8 @@ class Trainer:
             self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
-        self.engine = Engine(self.model, pad_token_id=self.tokenizer.pad_token_id,
-                             max_batch_size=cfg.rollout.max_batch_size, seed=cfg.seed)
+        self.engine = make_engine(self.model, pad_token_id=self.tokenizer.pad_token_id,
+                                  max_batch_size=cfg.rollout.max_batch_size, seed=cfg.seed, kind=cfg.rollout.engine)
         r = cfg.rollout
         self.stop_ids = (self.tokenizer.eos_token_id,)
         self.sampling = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, self.stop_ids)

@@ -84,7 +84,44 @@ class _Batch:
     done: list[str | None] = field(default_factory=list)
 
 
-class Engine:
+class EngineLoop:
+    """The part of the engine contract both engines share: drive ``step()`` and hand back results.
+
+    Subclasses provide ``step()``, ``_busy()`` (work queued or running), ``model``, ``version``
+    and ``_finished``; ``_weights_changed()`` lets one refresh views of the parameters.
+    """
+
+    def run_until(self, condition: Callable[[dict[int, Completion]], bool] | None = None) -> dict[int, Completion]:
+        """Step until ``condition(finished)`` holds (default: nothing left to do); return and clear finished."""
+        while self._busy():
+            for c in self.step():
+                self._finished[c.handle] = c
+            if condition is not None and condition(self._finished):
+                break
+        done, self._finished = self._finished, {}
+        return done
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        """Submit, run to completion, and return completions in request order."""
+        handles = self.submit(requests)
+        done = self.run_until()
+        return [done[h] for h in handles]
+
+    def load_weights(self, source) -> int:
+        """Take new weights (a state dict, or a model whose parameters are shared) and bump the version."""
+        if isinstance(source, dict):
+            self.model.load_state_dict(source)
+        elif source is not self.model:
+            self.model.load_state_dict(source.state_dict())
+        self._weights_changed()
+        self.version += 1
+        return self.version
+
+    def _weights_changed(self) -> None:
+        pass
+
+
+class Engine(EngineLoop):
     """Batched generation with a KV cache for one HF causal LM (CPU or one GPU)."""
 
     def __init__(self, model, *, pad_token_id: int, max_batch_size: int = 64, seed: int = 0):
@@ -131,30 +168,8 @@ class Engine:
         self.stats.wall_seconds += time.perf_counter() - start
         return finished
 
-    def run_until(self, condition: Callable[[dict[int, Completion]], bool] | None = None) -> dict[int, Completion]:
-        """Step until ``condition(finished)`` holds (default: nothing left to do); return and clear finished."""
-        while self._queue or self._batch is not None:
-            for c in self.step():
-                self._finished[c.handle] = c
-            if condition is not None and condition(self._finished):
-                break
-        done, self._finished = self._finished, {}
-        return done
-
-    def generate(self, requests: list[Request]) -> list[Completion]:
-        """Submit, run to completion, and return completions in request order."""
-        handles = self.submit(requests)
-        done = self.run_until()
-        return [done[h] for h in handles]
-
-    def load_weights(self, source) -> int:
-        """Take new weights (a state dict, or a model whose parameters are shared) and bump the version."""
-        if isinstance(source, dict):
-            self.model.load_state_dict(source)
-        elif source is not self.model:
-            self.model.load_state_dict(source.state_dict())
-        self.version += 1
-        return self.version
+    def _busy(self) -> bool:
+        return bool(self._queue) or self._batch is not None
 
     # -- internals ------------------------------------------------------------------------
     @torch.no_grad()

@@ -40,17 +40,16 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 
 import torch
 
-from rollwise.engine.engine import Completion, Request
+from rollwise.engine.engine import Completion, EngineLoop, Request
 from rollwise.engine.llama import LlamaForward, SlotKV
 from rollwise.engine.sampling import SamplingParams, filtered_logprobs, gumbel_pick
 from rollwise.engine.state import ForkFamily, PartialState, Sequence, SlotEngineStats, child_seed
 
 
-class SlotEngine:
+class SlotEngine(EngineLoop):
     """Continuous batching with fork and pause/resume for Llama-family HF models (CPU or one GPU).
 
     ``max_batch_size`` is the number of slots (concurrent sequences). ``max_len`` bounds
@@ -121,31 +120,11 @@ class SlotEngine:
         self.stats.wall_seconds += time.perf_counter() - start
         return finished
 
-    def run_until(self, condition: Callable[[dict[int, Completion]], bool] | None = None) -> dict[int, Completion]:
-        """Step until ``condition(finished)`` holds (default: nothing left to do); return and clear finished."""
-        while self._queue or self._rows:
-            for c in self.step():
-                self._finished[c.handle] = c
-            if condition is not None and condition(self._finished):
-                break
-        done, self._finished = self._finished, {}
-        return done
+    def _busy(self) -> bool:
+        return bool(self._queue) or bool(self._rows)
 
-    def generate(self, requests: list[Request]) -> list[Completion]:
-        """Submit, run to completion, and return completions in request order."""
-        handles = self.submit(requests)
-        done = self.run_until()
-        return [done[h] for h in handles]
-
-    def load_weights(self, source) -> int:
-        """Take new weights (a state dict, or a model whose parameters are shared) and bump the version."""
-        if isinstance(source, dict):
-            self.model.load_state_dict(source)
-        elif source is not self.model:
-            self.model.load_state_dict(source.state_dict())
+    def _weights_changed(self) -> None:
         self.forward.refresh()
-        self.version += 1
-        return self.version
 
     @torch.no_grad()
     def fork(self, handle: int, n: int, params: list[SamplingParams] | None = None) -> list[int]:

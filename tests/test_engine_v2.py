@@ -466,3 +466,12 @@ def test_cache_grows_under_running_sequences(tiny, prompts):
     outs = engine.run_until()
     assert engine._kv.capacity > capacity >= len(prompts[3]) + 30
     assert outs[a].token_ids == refs[0] and outs[b].token_ids == refs[1]
+
+
+def test_occupancy_over_time_is_recorded(tiny, prompts):
+    engine = engine_for(tiny, max_batch_size=4)
+    lengths = [2, 5, 3]
+    engine.generate([Request(prompts[i], SamplingParams(max_new_tokens=n, seed=i)) for i, n in enumerate(lengths)])
+    # every step samples one token per running sequence; sequences drop out as they reach their length
+    assert list(engine.stats.rows_per_step) == [3, 3, 2, 1, 1]
+    assert sum(engine.stats.rows_per_step) == engine.stats.decode_tokens == sum(lengths)

@@ -18,7 +18,10 @@ How the workloads are built, and why:
   ``long_tail_factor`` × the median length, the rest between half and 1.5× the median — a
   few completions 10× the median, as in real reasoning rollouts.
 - ``fork``: one prompt → ``num_prompts`` samples with the long-tail lengths (a group of
-  rollouts of one prompt varies in length the same way). rollwise submits the prompt once
+  rollouts of one prompt varies in length the same way). The prompt carries ``fork_shots``
+  worked examples before its question (~250 tokens by default): real RL prompts carry
+  instructions and examples, and a shared prefix is what ``fork`` exists for; with
+  ``fork_shots=0`` the workload is ``long_tail`` with one 9-token prompt. rollwise submits the prompt once
   and ``fork``s it before the first step (the prompt is prefilled once); HF samples that
   many independent copies of the prompt.
 - HF ``generate`` has one ``max_new_tokens`` per call, so requests are cut into consecutive
@@ -70,6 +73,8 @@ class EngineBenchConfig(StrictModel):
     long_tail_median: int = Field(24, ge=2, description="long_tail/fork: typical completion length")
     long_tail_factor: float = Field(10.0, ge=1, description="long_tail/fork: long completions are this × the median")
     long_tail_share: float = Field(0.1, gt=0, le=1, description="long_tail/fork: share of long completions")
+    fork_shots: int = Field(4, ge=0, description="fork: worked arith examples before the question (a few-shot "
+                            "prompt of ~250 tokens, as RL prompts carry instructions); 0 = the bare ~9-token question")
     temperature: float = Field(1.0, gt=0, description="sampling temperature, the same for both sides")
     repeats: int = Field(3, ge=1, description="timed runs per side (alternating); the median is reported")
     threads: int = Field(0, ge=0, description="torch threads for both sides (0 = torch's default)")
@@ -157,7 +162,7 @@ def _run_rollwise(cfg, engine, zero_stats, prompts, lengths, fork: bool) -> tupl
     from rollwise.engine.engine import Request
     from rollwise.engine.sampling import SamplingParams
 
-    engine.stats = copy.copy(zero_stats)  # this run's counters only
+    engine.stats = copy.deepcopy(zero_stats)  # this run's counters only
     params = [SamplingParams(temperature=cfg.temperature, max_new_tokens=n) for n in lengths]
     start = time.perf_counter()
     if fork and cfg.engine == "slots":
@@ -198,7 +203,8 @@ def _bench_workload(cfg, model, tok, params_count, name, flops, status) -> dict:
     lengths = workload_lengths(cfg, name)
     fork = name == "fork"
     if fork:
-        prompts = [tok(task.train.get(0).text)["input_ids"]] * cfg.num_prompts
+        shots = "".join(p.text + task.demonstrate(p) + "\n" for p in map(task.train.get, range(1, 1 + cfg.fork_shots)))
+        prompts = [tok(shots + task.train.get(0).text)["input_ids"]] * cfg.num_prompts
     else:
         prompts = [tok(task.train.get(i).text)["input_ids"] for i in range(cfg.num_prompts)]
     longest = max(map(len, prompts)) + max(lengths)
@@ -209,7 +215,7 @@ def _bench_workload(cfg, model, tok, params_count, name, flops, status) -> dict:
     hf_computed = sum(len(b) * max(lengths[i] for i in b) for b in _batches(len(prompts), cfg.batch_size))
     pad = tok.pad_token_id
     engine = _make_engine(cfg, model, pad)  # one engine for all runs, as a trainer keeps one
-    zero_stats = copy.copy(engine.stats)
+    zero_stats = copy.deepcopy(engine.stats)
     _run_rollwise(cfg, engine, zero_stats, prompts, lengths, fork)  # warm-up (and the cache's allocation)
     _run_hf(cfg, model, pad, prompts, lengths, 0)
     rollwise_s, hf_s, stats = [], [], []

@@ -349,6 +349,7 @@ class SlotEngine(EngineLoop):
         token_list, logprob_list = torch.stack((tokens.double(), chosen.double())).tolist()
         self.stats.decode_tokens += n
         self.stats.padded_decode_slots += n
+        self.stats.rows_per_step.append(n)
         done, finished = [], []
         for r, (seq, tok, lp) in enumerate(zip(rows, token_list, logprob_list)):
             tok = int(tok)

@@ -3,6 +3,7 @@ paused states, stats, and how fork children are seeded."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +45,8 @@ class SlotEngineStats(EngineStats):
     reprefill_tokens: int = 0  # of prefill_tokens: prefixes computed again (resume; fork with no sibling left)
     steps: int = 0  # step() calls that ran the model
     slots: int = 0  # max concurrent sequences
+    # occupancy over time: sequences sampled at each step (the most recent 100k steps)
+    rows_per_step: deque = field(default_factory=lambda: deque(maxlen=100_000))
 
     @property
     def slot_occupancy(self) -> float:

@@ -173,3 +173,42 @@ def test_thirty_rl_steps_raise_mean_reward(tmp_path):
     # measured on this machine: probe pass@1 0.387 -> 0.484 (seed 0)
     assert after > before + 0.05, (before, after, rewards)
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10, rewards
+
+
+def test_killed_process_resumes_like_the_uninterrupted_run(tmp_path):
+    """SIGKILL a real `rollwise train` process after its first checkpoint, then --resume it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    sets = [f"output_dir={tmp_path}", "sft.steps=5", "train.steps=12", "train.checkpoint_every=2",
+            "train.eval_every=0", *FAST]
+    cli = [sys.executable, "-m", "rollwise.cli", "train"]
+
+    def args(name):
+        return cli + sum((["--set", s] for s in [f"name={name}", *sets]), [])
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    subprocess.run(args("whole"), check=True, capture_output=True, env=env, timeout=300)
+    proc = subprocess.Popen(args("killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 300
+    while not (tmp_path / "killed" / "checkpoints" / "step_000002").exists():
+        assert proc.poll() is None and time.time() < deadline, "run ended before its first checkpoint"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL  # it died mid-run, not after finishing
+    assert not (tmp_path / "killed" / "summary.json").exists()
+    subprocess.run(args("killed") + ["--resume"], check=True, capture_output=True, env=env, timeout=300)
+
+    def steps(name):
+        return {m["step"]: m for m in read_metrics(tmp_path / name) if "loss" in m}
+
+    whole, killed = steps("whole"), steps("killed")
+    assert sorted(killed) == list(range(1, 13))
+    for step in range(3, 13):
+        for key in COMPARED:
+            assert killed[step][key] == whole[step][key], (step, key)
+    summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    assert summary["steps"] == 12 and summary["generated_tokens"] == int(whole[12]["tokens/total"])

@@ -212,3 +212,23 @@ def test_killed_process_resumes_like_the_uninterrupted_run(tmp_path):
             assert killed[step][key] == whole[step][key], (step, key)
     summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["generated_tokens"] == int(whole[12]["tokens/total"])
+
+
+def test_local_qwen2_model_directory_trains(tmp_path):
+    """A user's local HF model directory (a Qwen2 architecture here) goes through the whole loop."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rollwise.model.tiny import char_tokenizer
+
+    tok = char_tokenizer()
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    model_dir = tmp_path / "qwen2"
+    Qwen2ForCausalLM(config).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    trainer = Trainer(fast_config(tmp_path, f"model.path={model_dir}", "sft.steps=2"))
+    trainer.prepare()
+    assert type(trainer.engine).__name__ == "SlotEngine"
+    m = run_steps(trainer, 1)[0]
+    assert m["tokens/generated"] > 0 and m["loss"] == m["loss"]

@@ -21,7 +21,7 @@ def test_run_engine_bench_smoke():
     assert set(res["workloads"]) == {"uniform", "long_tail", "fork"}
     assert res["models"]["tiny"]["workloads"] == res["workloads"] and res["models"]["tiny"]["params"] > 0
     assert res["matmul_flop_s"] > 0 and res["engine"] == "slots"
-    for name, w in res["workloads"].items():
+    for w in res["workloads"].values():
         assert w["rollwise_tok_s"] > 0 and w["hf_tok_s"] > 0
         assert w["ratio"] == pytest.approx(w["rollwise_tok_s"] / w["hf_tok_s"])
         assert w["flop_utilization"] == pytest.approx(

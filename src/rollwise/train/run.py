@@ -53,6 +53,8 @@ def run_training(cfg: RunConfig, resume: bool = False, console: Console | None =
             if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or last:
                 trainer.checkpoint()
             bar.update(rl, completed=step, info=info)
+            if not console.is_terminal and step % max(1, tc.steps // 20) == 0:
+                console.print(f"step {step}/{tc.steps}: {info}")  # no live bar in logs: a line every 5%
             if out_of_time:
                 console.print(f"[yellow]train.max_minutes={tc.max_minutes} reached at step {step}[/]")
                 break

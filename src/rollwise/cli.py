@@ -92,26 +92,11 @@ def eval_(
     json_path: Annotated[Path | None, typer.Option("--json", help="also write the results here")] = None,
 ):
     """Greedy accuracy and pass@k of `model.path` (or the preset) on the task's eval split."""
-    from rollwise.engine import make_engine
-    from rollwise.eval.accuracy import evaluate
-    from rollwise.filter.registry import resolve_rewards
-    from rollwise.model.load import encode_prompt, load_model_and_tokenizer
     from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
 
     cfg = load_run_config(str(recipe) if recipe else None, set_ or [])
-    task = cfg.task.build(cfg.seed)
-    model, tok = load_model_and_tokenizer(cfg.model, seed=cfg.seed)
-    _, judge = resolve_rewards(cfg.rewards, task)
-    prompts = task.eval[: cfg.train.eval_size]
-    for p in prompts:
-        p.token_ids = encode_prompt(tok, p)
-    engine = make_engine(model, pad_token_id=tok.pad_token_id, max_batch_size=cfg.rollout.max_batch_size,
-                         seed=cfg.seed, kind=cfg.rollout.engine)
-    result = evaluate(
-        engine, prompts, judge, lambda ids: tok.decode(ids, skip_special_tokens=True),
-        max_new_tokens=cfg.rollout.max_new_tokens, stop_token_ids=(tok.eos_token_id,),
-        samples=cfg.train.eval_samples, temperature=cfg.rollout.temperature, seed=cfg.seed,
-    )
+    result = Trainer(cfg).evaluate()  # the trainer's own eval: same prompts, judge, engine and seeds
     console.print(json.dumps(result.metrics(), indent=2))
     if json_path:
         json_path.write_text(json.dumps(result.metrics(), indent=2))

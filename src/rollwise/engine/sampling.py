@@ -19,6 +19,11 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
 
+    @property
+    def is_plain(self) -> bool:
+        """Temperature 1, no top-k/top-p: the sampling distribution is the model's softmax."""
+        return self.temperature == 1.0 and self.top_k == 0 and self.top_p == 1.0
+
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
@@ -55,7 +60,7 @@ def sample_next(logits: torch.Tensor, params: list[SamplingParams], generators: 
     temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=dev)
     top_k = torch.tensor([p.top_k for p in params], device=dev)
     top_p = torch.tensor([p.top_p for p in params], device=dev)
-    if all(p.temperature == 1.0 and p.top_k == 0 and p.top_p == 1.0 for p in params):
+    if all(p.is_plain for p in params):
         logprobs = logits.log_softmax(-1)  # the common case, without sorting the vocabulary
     else:
         logprobs = filtered_logprobs(logits, temperature, top_k, top_p)

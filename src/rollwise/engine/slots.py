@@ -337,7 +337,7 @@ class SlotEngine(EngineLoop):
     def _sample(self, logits: torch.Tensor) -> list[Completion]:
         """Sample one token per row (one host sync), record it, and retire finished rows."""
         n, rows = logits.shape[0], self._rows
-        if all(s.params.temperature == 0 or _plain(s.params) for s in rows):
+        if all(s.params.temperature == 0 or s.params.is_plain for s in rows):
             logprobs = logits.log_softmax(-1)  # the common case, without sorting the vocabulary
         else:
             logprobs = filtered_logprobs(logits, self._temperature[:n], self._top_k[:n], self._top_p[:n])
@@ -387,6 +387,3 @@ class SlotEngine(EngineLoop):
                 self._rows[h].row = h
         del self._rows[keep:], self._lens[keep:]
 
-
-def _plain(p: SamplingParams) -> bool:
-    return p.temperature == 1.0 and p.top_k == 0 and p.top_p == 1.0

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rollwise.engine.engine import Engine, Request
 from rollwise.engine.sampling import SamplingParams
 from rollwise.eval.passk import pass_at_k
 from rollwise.filter.rewards import RewardFn, score_groups
-from rollwise.types import Prompt, Rollout, RolloutGroup
+from rollwise.generate.group import to_rollout
+from rollwise.types import Prompt, RolloutGroup
 
 
 @dataclass
@@ -25,18 +26,12 @@ class EvalResult:
 
 
 def _groups(engine: Engine, prompts: list[Prompt], params: SamplingParams, n: int, decode, seed: int):
-    from dataclasses import replace
-
     requests = [Request(p.token_ids, replace(params, seed=seed * 7919 + i)) for p in prompts for i in range(n)]
     completions = engine.generate(requests)
-    groups = []
-    for pi, p in enumerate(prompts):
-        rollouts = [
-            Rollout(p.id, c.prompt_ids, c.token_ids, c.logprobs, c.versions, c.finish_reason, decode(c.token_ids))
-            for c in completions[pi * n : (pi + 1) * n]
-        ]
-        groups.append(RolloutGroup(p, rollouts))
-    return groups
+    return [
+        RolloutGroup(p, [to_rollout(p, c, decode) for c in completions[pi * n : (pi + 1) * n]])
+        for pi, p in enumerate(prompts)
+    ]
 
 
 def evaluate(

@@ -80,8 +80,9 @@ def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict
         for g, r in rollouts
     ]
     completion_ids = [r.completion_ids for _, r in rollouts]
-    keys = sorted({k for g, _ in rollouts for k in g.prompt.reward_columns()})
-    columns = {k: [g.prompt.reward_columns().get(k) for g, _ in rollouts] for k in keys}
+    per_rollout = [g.prompt.reward_columns() for g, _ in rollouts]
+    keys = sorted({k for cols in per_rollout for k in cols})
+    columns = {k: [cols.get(k) for cols in per_rollout] for k in keys}
     metrics: dict[str, float] = {}
     totals = [0.0] * len(rollouts)
     for rf in reward_fns:

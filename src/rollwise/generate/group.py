@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from rollwise.engine.engine import Engine, Request
+from rollwise.engine.engine import Completion, Engine, Request
 from rollwise.engine.sampling import SamplingParams
 from rollwise.types import Prompt, Rollout, RolloutGroup
 
@@ -31,16 +31,19 @@ class GroupSampler:
         completions = engine.generate(requests)
         groups = [RolloutGroup(prompt=p, rollouts=[]) for p in prompts]
         for pi, c in zip(owners, completions):
-            groups[pi].rollouts.append(
-                Rollout(
-                    prompt_id=prompts[pi].id,
-                    prompt_ids=c.prompt_ids,
-                    completion_ids=c.token_ids,
-                    behavior_logprobs=c.logprobs,
-                    versions=c.versions,
-                    finish_reason=c.finish_reason,
-                    completion_text=self.decode(c.token_ids),
-                )
-            )
+            groups[pi].rollouts.append(to_rollout(prompts[pi], c, self.decode))
         return groups
+
+
+def to_rollout(prompt: Prompt, c: Completion, decode) -> Rollout:
+    """The Rollout record of one engine completion of ``prompt``."""
+    return Rollout(
+        prompt_id=prompt.id,
+        prompt_ids=c.prompt_ids,
+        completion_ids=c.token_ids,
+        behavior_logprobs=c.logprobs,
+        versions=c.versions,
+        finish_reason=c.finish_reason,
+        completion_text=decode(c.token_ids),
+    )
 

@@ -36,6 +36,7 @@ def policy_update(
     # With one pass, the proximal ("old") policy is the current one: ratio 1, detached.
     old = _logprobs_no_grad(model, batch, micro_batch_size, temperature) if num_iterations > 1 else None
     ref = _logprobs_no_grad(ref_model, batch, micro_batch_size, temperature) if objective.beta > 0 else None
+    total_tokens = max(float(batch.completion_mask.sum()), 1.0)
     totals: dict[str, float] = {}
     model.train()
     for _ in range(num_iterations):
@@ -51,7 +52,7 @@ def policy_update(
             )
             loss.backward()
             mask = sub.completion_mask
-            share = float(mask.sum()) / max(float(batch.completion_mask.sum()), 1.0)
+            share = float(mask.sum()) / total_tokens
             m["loss"] = loss.detach()
             m["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
             with torch.no_grad():

@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from rollwise.config import ConfigError, StrictModel
-from rollwise.filter.math_answer import math_answer
+from rollwise.filter.registry import builtin_rewards
 from rollwise.tasks.base import ListSource, Task
 from rollwise.types import Prompt
 
-REWARDS: dict[str, Callable] = {"math_answer": math_answer}
 _JSONL = (".jsonl", ".ndjson")
 _PARQUET = (".parquet", ".pq")
 
@@ -48,13 +47,14 @@ class FileTaskConfig(StrictModel):
     prompt_field: str = Field("prompt", description="field holding the prompt: a string or a list of {role, content}")
     answer_field: str | None = Field("answer", description="field holding the reference answer (null: none)")
     demo_field: str | None = Field(None, description="field holding a worked solution, used for SFT demonstrations")
-    reward: str = Field("math_answer", description=f"built-in reward to score with: {', '.join(REWARDS)}")
+    reward: str = Field("math_answer", description="built-in reward to score with (`rollwise list rewards`)")
 
     @field_validator("reward")
     @classmethod
     def _known_reward(cls, value: str) -> str:
-        if value not in REWARDS:
-            raise ValueError(f"unknown reward {value!r}; built-in rewards: {', '.join(REWARDS)}")
+        known = builtin_rewards()
+        if value not in known:
+            raise ValueError(f"unknown reward {value!r}; built-in rewards: {', '.join(known)}")
         return value
 
     def build(self, seed: int) -> Task:
@@ -181,7 +181,7 @@ def build(cfg: FileTaskConfig, seed: int = 0) -> Task:
         name="file",
         train=ListSource(train, seed),
         eval=evals,
-        rewards={cfg.reward: REWARDS[cfg.reward]},
+        rewards={cfg.reward: builtin_rewards()[cfg.reward]},
         demonstrate=(lambda prompt: str(prompt.columns[demo_field])) if demo_field else None,
         description=f"{cfg.path}: {len(train)} train prompts, {len(evals)} eval prompts",
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated, Union, get_args
 
 from pydantic import Field
 
@@ -10,5 +10,6 @@ from rollwise.tasks.arith import ArithConfig
 from rollwise.tasks.countdown import CountdownConfig
 from rollwise.tasks.files import FileTaskConfig
 
-TaskConfig = Annotated[Union[ArithConfig, CountdownConfig, FileTaskConfig], Field(discriminator="name")]
-TASKS = {"arith": ArithConfig, "countdown": CountdownConfig, "file": FileTaskConfig}
+_CONFIGS = (ArithConfig, CountdownConfig, FileTaskConfig)
+TaskConfig = Annotated[Union[_CONFIGS], Field(discriminator="name")]
+TASKS = {get_args(c.model_fields["name"].annotation)[0]: c for c in _CONFIGS}  # task.name -> its config

@@ -28,9 +28,9 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state
     tmp = root / f".tmp_step_{step:06d}"  # written in full, then renamed: a kill never leaves half a checkpoint
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     # tied embeddings share storage; safetensors refuses shared tensors, so store one copy each
-    save_file({k: v.clone() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+    weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+    save_file(weights, str(tmp / "model.safetensors"))
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
     torch.save(
         {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},

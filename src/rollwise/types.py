@@ -57,6 +57,7 @@ class Rollout:
     reward_reasons: dict[str, str] = field(default_factory=dict)
     advantage: list[float] | None = None  # per completion token, set by optim
     node_path: list[int] | None = None  # tree rollouts: node ids from root to leaf
+    loss_mask: list[int] | None = None  # per token, 0 = not trained (e.g. forced tokens); None = all trained
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -65,6 +66,8 @@ class Rollout:
                 f"Rollout per-token fields disagree: {n} completion ids, "
                 f"{len(self.behavior_logprobs)} logprobs, {len(self.versions)} versions"
             )
+        if self.loss_mask is not None and len(self.loss_mask) != n:
+            raise ValueError(f"Rollout loss_mask has {len(self.loss_mask)} entries for {n} completion ids")
 
     @property
     def num_tokens(self) -> int:
@@ -73,7 +76,8 @@ class Rollout:
 
 @dataclass
 class RolloutGroup:
-    """The rollouts of one prompt: a flat group, or the leaves of a tree."""
+    """The rollouts of one prompt: a flat group, or the leaves of a tree (``tree`` is then a
+    ``rollwise.generate.forest.Tree`` and each rollout's ``node_path`` names its nodes)."""
 
     prompt: Prompt
     rollouts: list[Rollout]

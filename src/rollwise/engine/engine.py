@@ -43,6 +43,7 @@ class Completion:
     logprobs: list[float]
     versions: list[int]
     finish_reason: str  # "stop" | "length"
+    forced: list[int] = field(default_factory=list)  # positions of tokens placed by fork, not sampled
 
 
 @dataclass

@@ -18,6 +18,7 @@ class SamplingParams:
     max_new_tokens: int = 128
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    top_candidates: int = 0  # keep the k most likely tokens of the latest position (branching strategies)
 
     @property
     def is_plain(self) -> bool:
@@ -31,6 +32,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.top_candidates < 0:
+            raise ValueError(f"top_candidates must be >= 0, got {self.top_candidates}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 

@@ -46,7 +46,7 @@ import torch
 from rollwise.engine.engine import Completion, EngineLoop, Request
 from rollwise.engine.llama import LlamaForward, SlotKV
 from rollwise.engine.sampling import SamplingParams, filtered_logprobs, gumbel_pick
-from rollwise.engine.state import ForkFamily, PartialState, Sequence, SlotEngineStats, child_seed
+from rollwise.engine.state import ForkFamily, PartialState, Sequence, SequenceView, SlotEngineStats, child_seed
 
 
 class SlotEngine(EngineLoop):
@@ -126,12 +126,23 @@ class SlotEngine(EngineLoop):
     def _weights_changed(self) -> None:
         self.forward.refresh()
 
+    def peek(self, handle: int) -> SequenceView:
+        """The tokens so far of a queued or running sequence (and its latest top candidates)."""
+        seq = self._get(handle)
+        return SequenceView(seq.tokens, seq.logprobs, seq.versions, seq.candidates)
+
     @torch.no_grad()
-    def fork(self, handle: int, n: int, params: list[SamplingParams] | None = None) -> list[int]:
+    def fork(self, handle: int, n: int, params: list[SamplingParams] | None = None,
+             replace_last: list[int | None] | None = None) -> list[int]:
         """Replace a queued or running sequence by ``n`` children sharing its prefix; return their handles.
 
         Children keep the parent's sampling settings unless ``params`` gives one per child
         (e.g. per-branch budgets); a child's seed is always ``child_seed(parent seed, index)``.
+        ``replace_last[i]`` (a token among the parent's recorded ``candidates``, or None)
+        makes child ``i`` continue from that token instead of the parent's last sampled one:
+        branching into an alternative at the latest position (LATR). The replaced token keeps
+        its log-prob under the sampling distribution and is listed in ``forced``. Needs a
+        running parent sampled with ``top_candidates > 0``.
         """
         if n < 1:
             raise ValueError(f"fork needs n >= 1, got {n}")
@@ -140,19 +151,35 @@ class SlotEngine(EngineLoop):
             params = [parent.params] * n
         elif len(params) != n:
             raise ValueError(f"fork got {len(params)} sampling settings for {n} children")
+        replace_last = list(replace_last) if replace_last is not None else [None] * n
+        if len(replace_last) != n:
+            raise ValueError(f"fork got {len(replace_last)} replace_last entries for {n} children")
+        alternatives = dict(parent.candidates or ())
+        for tok in replace_last:
+            if tok is None:
+                continue
+            if parent.row is None or not parent.tokens:
+                raise ValueError("fork(replace_last=...) needs a running parent that has sampled a token")
+            if tok not in alternatives:
+                raise ValueError(f"replace_last token {tok} is not among the parent's recorded candidates "
+                                 "(submit with SamplingParams(top_candidates=k))")
         for p in params:
             if len(parent.tokens) >= p.max_new_tokens:
                 raise ValueError(f"a fork child's max_new_tokens ({p.max_new_tokens}) must exceed the "
                                  f"{len(parent.tokens)} tokens already sampled")
             self._check_fits(len(parent.prompt_ids), p)
         self._take(handle)
-        family = ForkFamily(shared_len=len(parent.ids) - 1)
-        for i, p in enumerate(params):
+        family = ForkFamily(shared_len=len(parent.ids) - 1, same_ids=all(t is None for t in replace_last))
+        for i, (p, tok) in enumerate(zip(params, replace_last)):
             child = self._new_seq(
                 parent.prompt_ids, p, child_seed(parent.seed, i), tokens=list(parent.tokens),
                 logprobs=list(parent.logprobs), versions=list(parent.versions),
-                recompute=parent.recompute or parent.row is not None,
+                recompute=parent.recompute or parent.row is not None, forced=list(parent.forced),
+                candidates=parent.candidates,
             )
+            if tok is not None and tok != parent.tokens[-1]:
+                child.tokens[-1], child.logprobs[-1] = tok, alternatives[tok]
+                child.forced.append(len(child.tokens) - 1)
             child.family = family
             family.members.append(child)
         children = family.members
@@ -165,6 +192,7 @@ class SlotEngine(EngineLoop):
             assert self._lens[row] == family.shared_len
             children[0].row, self._rows[row], parent.row = row, children[0], None
             self._write_params(row, children[:1])
+            self._pending[row] = children[0].tokens[-1]  # the first child may continue from another token
             free = self.max_batch_size - len(self._rows)
             self._place_copies([(c, row) for c in children[1 : 1 + free]])
             self._queue.extendleft(reversed(children[1 + free :]))  # first in line
@@ -186,7 +214,7 @@ class SlotEngine(EngineLoop):
             states.append(PartialState(
                 prompt_ids=list(seq.prompt_ids), token_ids=list(seq.tokens), logprobs=list(seq.logprobs),
                 versions=list(seq.versions), params=seq.params, seed=seq.seed,
-                generator_state=seq.generator.get_state(),
+                generator_state=seq.generator.get_state(), forced=list(seq.forced),
             ))
         self._free(freed)
         return states
@@ -206,7 +234,8 @@ class SlotEngine(EngineLoop):
             gen = torch.Generator(device=self.device)
             gen.set_state(st.generator_state)
             seq = self._new_seq(list(st.prompt_ids), st.params, st.seed, generator=gen, tokens=list(st.token_ids),
-                                logprobs=list(st.logprobs), versions=list(st.versions), recompute=True)
+                                logprobs=list(st.logprobs), versions=list(st.versions), recompute=True,
+                                forced=list(st.forced))
             self._queue.append(seq)
             handles.append(seq.handle)
         return handles
@@ -296,7 +325,7 @@ class SlotEngine(EngineLoop):
                 if sibling is not None:
                     copies.append((seq, sibling.row))
                     continue
-                if id(family) in lead_of:
+                if family.same_ids and id(family) in lead_of:
                     followers.append((seq, lead_of[id(family)]))
                     continue
                 lead_of[id(family)] = len(leaders)
@@ -347,6 +376,7 @@ class SlotEngine(EngineLoop):
         tokens, chosen = gumbel_pick(logits, logprobs, self._greedy[:n], uniform)
         self._pending[:n] = tokens
         token_list, logprob_list = torch.stack((tokens.double(), chosen.double())).tolist()
+        self._record_candidates(rows, logprobs)
         self.stats.decode_tokens += n
         self.stats.padded_decode_slots += n
         self.stats.rows_per_step.append(n)
@@ -362,9 +392,21 @@ class SlotEngine(EngineLoop):
                 done.append(r)
                 del self._live[seq.handle]
                 finished.append(Completion(handle=seq.handle, prompt_ids=list(seq.prompt_ids), token_ids=seq.tokens,
-                                           logprobs=seq.logprobs, versions=seq.versions, finish_reason=reason))
+                                           logprobs=seq.logprobs, versions=seq.versions, finish_reason=reason,
+                                           forced=seq.forced))
         self._free(done)
         return finished
+
+    def _record_candidates(self, rows: list[Sequence], logprobs: torch.Tensor) -> None:
+        """Keep each asking row's ``top_candidates`` most likely tokens of this position (one more sync)."""
+        want = [(r, s.params.top_candidates) for r, s in enumerate(rows) if s.params.top_candidates]
+        if not want:
+            return
+        k = min(max(k for _, k in want), logprobs.shape[-1])
+        at = torch.tensor([r for r, _ in want], device=logprobs.device)
+        values, ids = logprobs[at].topk(k, dim=-1)
+        for (r, kr), vs, ix in zip(want, values.tolist(), ids.tolist()):
+            rows[r].candidates = [(i, v) for i, v in zip(ix[:kr], vs[:kr]) if v > float("-inf")]
 
     def _free(self, rows: list[int]) -> None:
         """Release ``rows``; the last running rows move into the holes so rows stay ``[0, n)``."""

@@ -33,6 +33,7 @@ class PartialState:
     params: SamplingParams
     seed: int
     generator_state: torch.Tensor  # torch.Generator.get_state() (a CPU uint8 tensor)
+    forced: list[int] = field(default_factory=list)  # positions placed by fork(replace_last=...)
 
 
 @dataclass
@@ -67,9 +68,20 @@ class ForkFamily:
 
     shared_len: int
     members: list[Sequence] = field(default_factory=list)
+    same_ids: bool = True  # False when fork replaced some children's last token
 
     def running(self) -> Sequence | None:
         return next((m for m in self.members if m.row is not None), None)
+
+
+@dataclass(frozen=True)
+class SequenceView:
+    """What ``SlotEngine.peek`` shows of a live sequence. The lists are the engine's own: read only."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    candidates: list[tuple[int, float]] | None  # (id, logprob) best first, if params.top_candidates
 
 
 @dataclass(eq=False)
@@ -84,6 +96,8 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    forced: list[int] = field(default_factory=list)  # positions of tokens placed by fork, not sampled
+    candidates: list[tuple[int, float]] | None = None  # top tokens (id, logprob) of the latest position
     family: ForkFamily | None = None
     recompute: bool = False  # its ids were computed before (resumed, or a running parent's child)
     row: int | None = None  # cache row while running

@@ -1,5 +1,34 @@
-"""Generate: the shape of the rollouts (how many, from where they branch)."""
+"""Generate: the shape of the rollouts (how many, from where they branch).
+
+Every strategy keeps one contract: ``generate(engine, prompts, budgets, seed) ->
+list[RolloutGroup]`` (``budgets[i]`` rollouts or leaves for ``prompts[i]``), plus
+``prompts_wanted(n)`` (fresh prompts it takes when a step needs ``n`` groups) and
+``last_metrics``. Strategies with state that outlives a step (APRIL's carry-over buffer,
+TreePO's running entropy percentile) have ``state_dict``/``load_state_dict``, saved with
+every checkpoint.
+"""
+
+from __future__ import annotations
 
 STRATEGIES = {
     "group": "independent samples, rollout.num_generations per prompt (GRPO's rollout)",
+    "tree": "TreePO segment trees: fork at segment ends, leaves share prefixes (rollout.tree.*)",
+    "latr": "LATR: branch at uncertain tokens, lookahead, prune similar branches (rollout.latr.*)",
+    "april": "APRIL: over-provision groups, carry unfinished rollouts to the next step (rollout.april.*)",
 }
+
+
+def build_generator(rollout, params, decode):
+    """The generator ``rollout.strategy`` names, configured from ``rollout`` (a ``RolloutConfig``)."""
+    from rollwise.generate.april import AprilSampler
+    from rollwise.generate.group import GroupSampler
+    from rollwise.generate.latr import LatrSampler
+    from rollwise.generate.tree import TreeSampler
+
+    if rollout.strategy == "tree":
+        return TreeSampler(params, decode, rollout.tree)
+    if rollout.strategy == "latr":
+        return LatrSampler(params, decode, rollout.latr)
+    if rollout.strategy == "april":
+        return AprilSampler(params, decode, rollout.april, target=rollout.prompts_per_step)
+    return GroupSampler(params, decode)

@@ -6,7 +6,7 @@ with ``budgets[i]`` the number of rollouts for ``prompts[i]`` (from ``control.al
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from rollwise.engine.engine import Completion, Engine, Request
 from rollwise.engine.sampling import SamplingParams
@@ -19,6 +19,10 @@ class GroupSampler:
 
     params: SamplingParams
     decode: object  # token ids -> text (the tokenizer's decode, special tokens skipped)
+    last_metrics: dict = field(default_factory=dict)
+
+    def prompts_wanted(self, n: int) -> int:
+        return n
 
     def generate(self, engine: Engine, prompts: list[Prompt], budgets: list[int], seed: int) -> list[RolloutGroup]:
         requests, owners = [], []
@@ -45,5 +49,16 @@ def to_rollout(prompt: Prompt, c: Completion, decode) -> Rollout:
         versions=c.versions,
         finish_reason=c.finish_reason,
         completion_text=decode(c.token_ids),
+        loss_mask=loss_mask(len(c.token_ids), c.forced),
     )
+
+
+def loss_mask(n: int, forced: list[int]) -> list[int] | None:
+    """A rollout's loss mask: 0 at the ``forced`` positions (tokens placed, not sampled); None if none."""
+    if not forced:
+        return None
+    mask = [1] * n
+    for i in forced:
+        mask[i] = 0
+    return mask
 

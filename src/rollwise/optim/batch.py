@@ -50,7 +50,8 @@ def build_batch(groups: list[RolloutGroup], pad_token_id: int, mask_truncated: b
     """Pad the rollouts of ``groups`` into a TrainBatch; ``Rollout.advantage`` must be set.
 
     ``mask_truncated`` (TRL's ``mask_truncated_completions``) zeroes the completion mask of
-    rollouts that hit the length limit, so they carry no gradient.
+    rollouts that hit the length limit, so they carry no gradient; ``Rollout.loss_mask``
+    zeroes single tokens (forced tokens, tree prefixes trained in another leaf).
     """
     rollouts = [(gi, r) for gi, g in enumerate(groups) for r in g.rollouts]
     if not rollouts:
@@ -70,7 +71,8 @@ def build_batch(groups: list[RolloutGroup], pad_token_id: int, mask_truncated: b
         attention_mask[i, : p + c] = 1
         span = slice(p - 1, p - 1 + c)  # column p-1 scores the first completion token
         keep = not (mask_truncated and r.finish_reason == "length")
-        completion_mask[i, span] = float(keep)
+        completion_mask[i, span] = float(keep) * (torch.tensor(r.loss_mask, dtype=torch.float)
+                                                  if r.loss_mask is not None else 1.0)
         behavior[i, span] = torch.tensor(r.behavior_logprobs)
         advantages[i, span] = torch.tensor(r.advantage)
     return TrainBatch(

@@ -23,14 +23,16 @@ LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"
 KLEstimator = Literal["k1", "k2", "k3"]
 
 
-def token_weights(mask: torch.Tensor, loss_agg: LossAgg, max_len: int | None = None) -> torch.Tensor:
+def token_weights(mask: torch.Tensor, loss_agg: LossAgg, max_len: int | None = None,
+                  lengths: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token weights [B, T] such that ``loss = Σ per_token · weights`` for ``loss_agg``.
 
     Computed once on the whole batch, the weights make micro-batched gradient accumulation
     equal to the full-batch loss whatever the mode.
 
     - ``token_mean``: 1/Σm.
-    - ``seq_mean_token_mean``: 1/(|y_i|·N).
+    - ``seq_mean_token_mean``: 1/(|y_i|·N), |y_i| = ``lengths`` [B] when given (a sequence
+      with untrained tokens — shared tree prefixes, forced tokens — keeps its length), else Σm_i.
     - ``seq_mean_token_sum_norm``: 1/(N·max_len), ``max_len`` defaulting to T (pass the
       generation limit to make it a true constant, as Dr.GRPO does).
     """
@@ -38,7 +40,8 @@ def token_weights(mask: torch.Tensor, loss_agg: LossAgg, max_len: int | None = N
     if loss_agg == "token_mean":
         return mask / mask.sum().clamp(min=1)
     if loss_agg == "seq_mean_token_mean":
-        return mask / (mask.sum(-1, keepdim=True).clamp(min=1) * mask.shape[0])
+        per_seq = mask.sum(-1) if lengths is None else lengths.to(mask)
+        return mask / (per_seq[:, None].clamp(min=1) * mask.shape[0])
     if loss_agg == "seq_mean_token_sum_norm":
         return mask / (mask.shape[0] * (max_len or mask.shape[1]))
     raise ValueError(f"loss_agg must be token_mean, seq_mean_token_mean or seq_mean_token_sum_norm, got {loss_agg!r}")

@@ -32,7 +32,8 @@ def policy_update(
     """``num_iterations`` optimizer steps on ``batch``; returns averaged metrics."""
     device = next(model.parameters()).device
     batch = batch.to(device)
-    weights = token_weights(batch.completion_mask, objective.loss_agg, max_len)  # [B, T-1] whole batch
+    # [B, T-1] over the whole batch; a sequence's length counts its untrained (shared, forced) tokens too
+    weights = token_weights(batch.completion_mask, objective.loss_agg, max_len, lengths=batch.completion_lengths)
     # With one pass, the proximal ("old") policy is the current one: ratio 1, detached.
     old = _logprobs_no_grad(model, batch, micro_batch_size, temperature) if num_iterations > 1 else None
     ref = _logprobs_no_grad(ref_model, batch, micro_batch_size, temperature) if objective.beta > 0 else None
@@ -48,7 +49,7 @@ def policy_update(
             old_lp = policy_lp.detach() if old is None else old[mb, :width]
             loss, m = policy_loss(
                 policy_lp, old_lp, sub.advantages, sub.completion_mask, weights[mb, :width], objective,
-                ref_logprobs=None if ref is None else ref[mb, :width],
+                ref_logprobs=None if ref is None else ref[mb, :width], behavior_logprobs=sub.behavior_logprobs,
             )
             loss.backward()
             mask = sub.completion_mask

@@ -6,6 +6,8 @@ A checkpoint directory ``checkpoints/step_000050/`` holds::
     optimizer.pt        optimizer and LR-scheduler state dicts
     rng.pt              torch / python / numpy RNG states
     state.json          step, data cursor, counters (human-readable)
+    generator.pt        the rollout strategy's state, if it has one (APRIL's carry-over
+                        buffer, TreePO's entropy window)
 
 Resuming loads all four, so the run continues exactly as the uninterrupted one would.
 """
@@ -22,7 +24,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 
-def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state: dict, keep: int) -> Path:
+def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state: dict, keep: int,
+                    generator_state: dict | None = None) -> Path:
     root = run_dir / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"  # written in full, then renamed: a kill never leaves half a checkpoint
@@ -37,6 +40,8 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state
         tmp / "rng.pt",
     )
     (tmp / "state.json").write_text(json.dumps(state, indent=2))
+    if generator_state is not None:
+        torch.save(generator_state, tmp / "generator.pt")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in sorted(root.glob("step_*"))[:-keep]:
@@ -63,3 +68,9 @@ def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict:
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     return json.loads((path / "state.json").read_text())
+
+
+def load_generator_state(path: Path) -> dict | None:
+    """The rollout strategy's saved state (plain lists, dicts and tensors), or None."""
+    file = path / "generator.pt"
+    return torch.load(file, weights_only=True) if file.exists() else None

@@ -8,6 +8,9 @@ from pydantic import Field, model_validator
 
 from rollwise.config import StrictModel, apply_overrides, load_yaml, validate
 from rollwise.generate import STRATEGIES
+from rollwise.generate.april import AprilConfig
+from rollwise.generate.latr import LatrConfig
+from rollwise.generate.tree import TreeConfig
 from rollwise.model.load import ModelConfig
 from rollwise.optim.objective import ObjectiveConfig
 from rollwise.tasks.arith import ArithConfig
@@ -32,6 +35,9 @@ class RolloutConfig(StrictModel):
     engine: Literal["auto", "slots", "v1"] = Field(
         "auto", description="slots: continuous batching + fork/pause (Llama/Qwen2/Mistral); v1: any HF model; auto"
     )
+    tree: TreeConfig = Field(default_factory=TreeConfig, description="strategy=tree (TreePO) options")
+    latr: LatrConfig = Field(default_factory=LatrConfig, description="strategy=latr (LATR) options")
+    april: AprilConfig = Field(default_factory=AprilConfig, description="strategy=april (APRIL) options")
 
 
 class OptimConfig(StrictModel):
@@ -55,6 +61,8 @@ class TrainConfig(StrictModel):
     keep_checkpoints: int = Field(2, ge=1, description="how many recent checkpoints to keep")
     log_samples: int = Field(4, ge=0, description="rollouts written to samples.jsonl per eval")
     max_minutes: float | None = Field(None, gt=0, description="stop RL after this wall time (then eval and save)")
+    max_generated_tokens: int | None = Field(
+        None, ge=1, description="stop RL once the engine has sampled this many tokens (equal-compute comparisons)")
 
 
 class RewardConfig(StrictModel):

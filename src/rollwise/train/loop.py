@@ -22,12 +22,12 @@ from rollwise.engine.sampling import SamplingParams
 from rollwise.eval.accuracy import EvalResult, evaluate
 from rollwise.filter.registry import resolve_rewards
 from rollwise.filter.rewards import score_groups
-from rollwise.generate.group import GroupSampler
+from rollwise.generate import build_generator
 from rollwise.model.load import encode_prompt, load_model_and_tokenizer
 from rollwise.optim.batch import build_batch
 from rollwise.optim.objective import assign_advantages
 from rollwise.optim.update import policy_update
-from rollwise.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rollwise.train.checkpoint import latest_checkpoint, load_checkpoint, load_generator_state, save_checkpoint
 from rollwise.train.config import RunConfig
 from rollwise.train.metrics import MetricsLog
 from rollwise.train.sft import sft
@@ -86,7 +86,7 @@ class Trainer:
         r = cfg.rollout
         self.stop_ids = (self.tokenizer.eos_token_id,)
         self.sampling = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, self.stop_ids)
-        self.generator = GroupSampler(self.sampling, self.decode)
+        self.generator = build_generator(r, self.sampling, self.decode)
         self.eval_prompts = [self.tokenize(p) for p in self.task.eval[: cfg.train.eval_size]]
         self.state = TrainState()
         self.ref_model = None
@@ -102,7 +102,7 @@ class Trainer:
         return prompt
 
     def select_prompts(self) -> list[Prompt]:
-        n = self.cfg.rollout.prompts_per_step
+        n = self.generator.prompts_wanted(self.cfg.rollout.prompts_per_step)
         prompts = [self.tokenize(self.task.train.get(self.state.cursor + i)) for i in range(n)]
         self.state.cursor += n
         return prompts
@@ -112,7 +112,9 @@ class Trainer:
         cfg, t0 = self.cfg, time.perf_counter()
         prompts = self.select_prompts()
         budgets = [cfg.rollout.num_generations] * len(prompts)
+        sampled_before = self.engine.stats.decode_tokens
         groups = self.generator.generate(self.engine, prompts, budgets, seed=cfg.seed * 1_000_003 + self.state.step)
+        sampled = self.engine.stats.decode_tokens - sampled_before  # every token the engine sampled, once
         t_gen = time.perf_counter()
         metrics = score_groups(groups, self.reward_fns)
         metrics |= assign_advantages(groups, cfg.objective)
@@ -125,8 +127,9 @@ class Trainer:
         )
         self.engine.load_weights(self.model)  # in-process: parameters are shared, only the version moves
         self.state.step += 1
-        metrics |= rollout_metrics(groups)
-        self.state.generated_tokens += int(metrics["tokens/generated"])
+        metrics |= rollout_metrics(groups) | self.generator.last_metrics
+        metrics["tokens/generated"] = float(sampled)
+        self.state.generated_tokens += sampled
         metrics |= {"time/generate": t_gen - t0, "time/step": time.perf_counter() - t0,
                     "tokens/total": self.state.generated_tokens}
         return metrics
@@ -149,6 +152,10 @@ class Trainer:
         if ckpt is not None:
             self.state = TrainState(**load_checkpoint(ckpt, self.model, self.optimizer, self.scheduler))
             self.engine.load_weights(self.model)
+            self.engine.version = self.state.step  # a token's version = optimizer steps before it was sampled
+            generator_state = load_generator_state(ckpt)
+            if generator_state is not None and hasattr(self.generator, "load_state_dict"):
+                self.generator.load_state_dict(generator_state)
         else:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
             # a fresh run in an existing directory starts over: nothing stale may be resumed later
@@ -176,8 +183,9 @@ class Trainer:
         return result
 
     def checkpoint(self) -> Path:
+        generator_state = self.generator.state_dict() if hasattr(self.generator, "state_dict") else None
         return save_checkpoint(self.run_dir, self.state.step, self.model, self.optimizer, self.scheduler,
-                               asdict(self.state), self.cfg.train.keep_checkpoints)
+                               asdict(self.state), self.cfg.train.keep_checkpoints, generator_state)
 
     def summary(self) -> dict:
         s = self.state
@@ -199,6 +207,6 @@ def rollout_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
         "length/mean": sum(lengths) / len(lengths),
         "length/max": float(max(lengths)),
         "length/truncated": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
-        "tokens/generated": float(sum(lengths)),
+        "tokens/in_rollouts": float(sum(lengths)),  # shared tree prefixes counted once per leaf
     }
 

@@ -45,7 +45,8 @@ def run_training(cfg: RunConfig, resume: bool = False, console: Console | None =
             trainer.log.log(step, metrics)
             info = f"reward {metrics['reward/mean']:.2f}  len {metrics['length/mean']:.0f}"
             out_of_time = tc.max_minutes is not None and trainer.state.wall_seconds > 60 * tc.max_minutes
-            last = step == tc.steps or out_of_time
+            out_of_tokens = tc.max_generated_tokens is not None and trainer.state.generated_tokens >= tc.max_generated_tokens
+            last = step == tc.steps or out_of_time or out_of_tokens
             if (tc.eval_every and step % tc.eval_every == 0) or last:
                 result = trainer.record_eval()
                 info += f"  eval {result.accuracy:.1%}"
@@ -55,8 +56,9 @@ def run_training(cfg: RunConfig, resume: bool = False, console: Console | None =
             bar.update(rl, completed=step, info=info)
             if not console.is_terminal and step % max(1, tc.steps // 20) == 0:
                 console.print(f"step {step}/{tc.steps}: {info}")  # no live bar in logs: a line every 5%
-            if out_of_time:
-                console.print(f"[yellow]train.max_minutes={tc.max_minutes} reached at step {step}[/]")
+            if out_of_time or out_of_tokens:
+                limit = f"max_minutes={tc.max_minutes}" if out_of_time else f"max_generated_tokens={tc.max_generated_tokens:,}"
+                console.print(f"[yellow]train.{limit} reached at step {step}[/]")
                 break
     summary = trainer.summary()
     (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

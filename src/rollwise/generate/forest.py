@@ -1,0 +1,234 @@
+"""The machinery tree-shaped strategies share: a ``Tree`` per prompt and a ``Forest`` of live
+branches driven step by step on the slot engine.
+
+A node is a maximal run of completion tokens between two forks: ``[start, end)`` positions of
+the completion, shared by every leaf below it. The root (id 0) is the prompt itself and holds
+no tokens. A leaf's completion is the concatenation of the spans on its path, so the tokens
+the engine samples for a tree are exactly the sum of its node lengths (plus any branch pruned
+away, which ``Forest.wasted_tokens`` counts).
+
+The forest calls ``engine.step()`` itself so a strategy can look at every live branch between
+two steps (``decide``) and fork or prune it right there: a fork at that moment shares the
+cached prefix (``SlotEngine.fork`` copies it, never recomputes it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from rollwise.engine.engine import Request
+from rollwise.engine.sampling import SamplingParams
+from rollwise.engine.state import PartialState
+from rollwise.generate.group import loss_mask
+from rollwise.types import Prompt, Rollout, RolloutGroup
+
+_MASK = 2**62 - 1
+
+
+@dataclass
+class Node:
+    id: int
+    parent: int | None  # None for the root
+    start: int  # completion positions [start, end) this node holds
+    end: int | None = None  # None while a branch is still growing it
+    children: list[int] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return (self.end or self.start) - self.start
+
+
+@dataclass
+class Tree:
+    """One prompt's rollout tree (kept on ``RolloutGroup.tree``)."""
+
+    nodes: list[Node] = field(default_factory=lambda: [Node(0, None, 0, 0)])
+    removed: set[int] = field(default_factory=set)  # pruned nodes (kept for ids, not part of the tree)
+
+    def add(self, parent: int, start: int) -> int:
+        node = Node(len(self.nodes), parent, start)
+        self.nodes.append(node)
+        self.nodes[parent].children.append(node.id)
+        return node.id
+
+    def path(self, node: int) -> list[int]:
+        """Node ids from the root to ``node``."""
+        out = []
+        while node is not None:
+            out.append(node)
+            node = self.nodes[node].parent
+        return out[::-1]
+
+    def remove(self, node: int) -> None:
+        """Drop a pruned leaf node from its parent's children."""
+        parent = self.nodes[node].parent
+        self.nodes[parent].children.remove(node)
+        self.removed.add(node)
+
+    def live_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.id not in self.removed]
+
+    @property
+    def unique_tokens(self) -> int:
+        """Completion tokens held by the tree's nodes, each counted once."""
+        return sum(n.length for n in self.live_nodes())
+
+    def to_dict(self) -> dict:
+        return {"nodes": [{"id": n.id, "parent": n.parent, "start": n.start, "end": n.end}
+                          for n in self.live_nodes()]}
+
+
+@dataclass
+class Branch:
+    """A live sequence of the forest: which prompt, which node it is growing."""
+
+    prompt: int
+    node: int
+    grow: bool = True  # may branch further (fallback samples do not)
+    seen: int = 0  # token count at which the strategy last examined it
+    data: dict = field(default_factory=dict)  # strategy scratch
+
+
+@dataclass
+class Leaf:
+    node: int
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    forced: list[int]
+    finish_reason: str
+
+
+class Forest:
+    """Live branches of many prompts' trees on one engine; leaves collected as they finish."""
+
+    def __init__(self, engine, prompts: list[Prompt], budgets: list[int], params: SamplingParams, seed: int):
+        if not hasattr(engine, "fork"):
+            raise ValueError("tree-shaped rollout strategies need the slot engine (fork); set rollout.engine=slots "
+                             "(Llama/Qwen2/Mistral models) or use rollout.strategy=group")
+        self.engine, self.prompts, self.budgets, self.params, self.seed = engine, prompts, budgets, params, seed
+        self.trees = [Tree() for _ in prompts]
+        self.live: dict[int, Branch] = {}
+        self.leaves: list[list[Leaf]] = [[] for _ in prompts]
+        self.fallback_rounds = [0] * len(prompts)
+        self.wasted_tokens = 0  # sampled tokens of branches pruned away (not in any leaf)
+        self.forks = 0
+
+    # -- what strategies call ------------------------------------------------------------
+    def start(self, pi: int, n: int, *, grow: bool = True, salt: int = 0) -> list[int]:
+        """``n`` fresh samples of prompt ``pi`` as new children of the root: one request,
+        forked while queued so the prompt is prefilled once for all of them."""
+        seed = hash((self.seed, pi, salt)) & _MASK
+        (handle,) = self.engine.submit([Request(self.prompts[pi].token_ids, _with_seed(self.params, seed))])
+        handles = self.engine.fork(handle, n) if n > 1 else [handle]
+        for h in handles:
+            self.live[h] = Branch(pi, self.trees[pi].add(0, 0), grow=grow)
+        return handles
+
+    def fork(self, handle: int, n: int, replace_last: list[int | None] | None = None) -> list[int]:
+        """Split a live branch into ``n``. Children share every token so far, or, with
+        ``replace_last``, every token but the last (then they split at the last position)."""
+        br = self.live.pop(handle)
+        tokens = len(self.engine.peek(handle).token_ids)
+        at = tokens - 1 if replace_last is not None else tokens
+        tree = self.trees[br.prompt]
+        tree.nodes[br.node].end = at
+        children = self.engine.fork(handle, n, replace_last=replace_last)
+        for c in children:
+            self.live[c] = Branch(br.prompt, tree.add(br.node, at), grow=br.grow, seen=tokens)
+        self.forks += 1
+        return children
+
+    def prune(self, handles: list[int], keep_as_leaves: bool) -> None:
+        """Stop live branches: keep what they sampled as leaves (finish_reason ``pruned``) or drop it."""
+        if not handles:
+            return
+        states = self.engine.pause(handles)
+        for h, st in zip(handles, states):
+            br = self.live.pop(h)
+            if keep_as_leaves:
+                self._leaf(br, st.token_ids, st.logprobs, st.versions, st.forced, "pruned")
+            else:
+                self._drop(br, st)
+
+    def drop_leaf(self, pi: int, node: int) -> None:
+        """Remove a finished leaf (LATR prunes a branch that finished during its lookahead)."""
+        leaf = next(lf for lf in self.leaves[pi] if lf.node == node)
+        self.leaves[pi].remove(leaf)
+        self.wasted_tokens += len(leaf.token_ids) - self.trees[pi].nodes[node].start
+        self.trees[pi].remove(node)
+
+    def tokens(self, handle: int) -> list[int]:
+        return self.engine.peek(handle).token_ids
+
+    def count(self, pi: int) -> int:
+        """Leaves a prompt has or will have: finished leaves + live branches."""
+        return len(self.leaves[pi]) + sum(1 for b in self.live.values() if b.prompt == pi)
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self, decide: Callable[[Forest], None], fallback: bool = True) -> None:
+        """Step the engine until every prompt has its budget of leaves; ``decide`` runs after each step."""
+        while self.live:
+            for c in self.engine.step():
+                br = self.live.pop(c.handle, None)
+                if br is not None:
+                    self._leaf(br, c.token_ids, c.logprobs, c.versions, c.forced, c.finish_reason)
+            decide(self)
+            if fallback:
+                self._fallback()
+
+    def _fallback(self) -> None:
+        """A prompt whose branches all ended short of its budget gets fresh root samples (no branching)."""
+        busy = {b.prompt for b in self.live.values()}
+        for pi, budget in enumerate(self.budgets):
+            missing = budget - len(self.leaves[pi])
+            if missing > 0 and pi not in busy:
+                self.fallback_rounds[pi] += 1
+                self.start(pi, missing, grow=False, salt=self.fallback_rounds[pi])
+
+    def _leaf(self, br: Branch, token_ids, logprobs, versions, forced, reason) -> None:
+        self.trees[br.prompt].nodes[br.node].end = len(token_ids)
+        self.leaves[br.prompt].append(Leaf(br.node, list(token_ids), list(logprobs), list(versions),
+                                           list(forced), reason))
+
+    def _drop(self, br: Branch, st: PartialState) -> None:
+        self.wasted_tokens += len(st.token_ids) - self.trees[br.prompt].nodes[br.node].start
+        self.trees[br.prompt].nodes[br.node].end = len(st.token_ids)
+        self.trees[br.prompt].remove(br.node)
+
+    # -- results -------------------------------------------------------------------------
+    def groups(self, decode) -> list[RolloutGroup]:
+        """One group per prompt: its leaves as rollouts (in tree order), the tree beside them."""
+        groups = []
+        for pi, prompt in enumerate(self.prompts):
+            tree = self.trees[pi]
+            leaves = sorted(self.leaves[pi], key=lambda lf: tree.path(lf.node))
+            rollouts = [
+                Rollout(prompt_id=prompt.id, prompt_ids=list(prompt.token_ids), completion_ids=lf.token_ids,
+                        behavior_logprobs=lf.logprobs, versions=lf.versions, finish_reason=lf.finish_reason,
+                        completion_text=decode(lf.token_ids), node_path=tree.path(lf.node),
+                        loss_mask=loss_mask(len(lf.token_ids), lf.forced))
+                for lf in leaves
+            ]
+            groups.append(RolloutGroup(prompt=prompt, rollouts=rollouts, tree=tree))
+        return groups
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        leaves = sum(len(lv) for lv in self.leaves)
+        unique = sum(t.unique_tokens for t in self.trees)
+        leaf_tokens = sum(len(lf.token_ids) for lv in self.leaves for lf in lv)
+        return {
+            f"{prefix}/leaves_per_prompt": leaves / max(len(self.prompts), 1),
+            f"{prefix}/nodes_per_prompt": sum(len(t.live_nodes()) - 1 for t in self.trees) / max(len(self.prompts), 1),
+            f"{prefix}/forks": float(self.forks),
+            f"{prefix}/sampled_tokens_per_leaf": (unique + self.wasted_tokens) / max(leaves, 1),
+            f"{prefix}/shared_token_ratio": 1 - unique / max(leaf_tokens, 1),
+            f"{prefix}/wasted_tokens": float(self.wasted_tokens),
+            f"{prefix}/fallback_prompts": float(sum(r > 0 for r in self.fallback_rounds)),
+        }
+
+
+def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    return replace(params, seed=seed)
+

@@ -74,6 +74,7 @@ class SlotEngine(EngineLoop):
         self._queue: deque[Sequence] = deque()
         self._live: dict[int, Sequence] = {}  # handle -> queued or running sequence
         self._finished: dict[int, Completion] = {}
+        self._early: list[Completion] = []  # finished outside a step (a fork child forced to a stop token)
         self._rows: list[Sequence] = []  # running sequences; row r uses cache row r
         self._lens: list[int] = []  # cached positions per row
         self._kv: SlotKV | None = None
@@ -112,16 +113,16 @@ class SlotEngine(EngineLoop):
     def step(self) -> list[Completion]:
         """Admit queued requests into free slots and advance every running sequence by one token."""
         start = time.perf_counter()
-        finished: list[Completion] = []
+        finished, self._early = self._early, []
         n_decode, leaders, followers = self._admit()
         if self._rows:
-            finished = self._sample(self._run_model(n_decode, leaders, followers))
+            finished += self._sample(self._run_model(n_decode, leaders, followers))
             self.stats.steps += 1
         self.stats.wall_seconds += time.perf_counter() - start
         return finished
 
     def _busy(self) -> bool:
-        return bool(self._queue) or bool(self._rows)
+        return bool(self._queue) or bool(self._rows) or bool(self._early)
 
     def _weights_changed(self) -> None:
         self.forward.refresh()
@@ -170,6 +171,7 @@ class SlotEngine(EngineLoop):
             self._check_fits(len(parent.prompt_ids), p)
         self._take(handle)
         family = ForkFamily(shared_len=len(parent.ids) - 1, same_ids=all(t is None for t in replace_last))
+        handles = []
         for i, (p, tok) in enumerate(zip(params, replace_last)):
             child = self._new_seq(
                 parent.prompt_ids, p, child_seed(parent.seed, i), tokens=list(parent.tokens),
@@ -177,9 +179,14 @@ class SlotEngine(EngineLoop):
                 recompute=parent.recompute or parent.row is not None, forced=list(parent.forced),
                 candidates=parent.candidates,
             )
+            handles.append(child.handle)
             if tok is not None and tok != parent.tokens[-1]:
                 child.tokens[-1], child.logprobs[-1] = tok, alternatives[tok]
                 child.forced.append(len(child.tokens) - 1)
+                if tok in p.stop_token_ids:  # forced to stop: finished now, reported by the next step()
+                    del self._live[child.handle]
+                    self._early.append(self._completion(child, "stop"))
+                    continue
             child.family = family
             family.members.append(child)
         children = family.members
@@ -187,6 +194,8 @@ class SlotEngine(EngineLoop):
             queue = list(self._queue)
             at = queue.index(parent)
             self._queue = deque(queue[:at] + children + queue[at + 1 :])
+        elif not children:  # every child stopped at once
+            self._free([parent.row])
         else:
             row = parent.row
             assert self._lens[row] == family.shared_len
@@ -196,7 +205,7 @@ class SlotEngine(EngineLoop):
             free = self.max_batch_size - len(self._rows)
             self._place_copies([(c, row) for c in children[1 : 1 + free]])
             self._queue.extendleft(reversed(children[1 + free :]))  # first in line
-        return [c.handle for c in children]
+        return handles
 
     def pause(self, handles: list[int]) -> list[PartialState]:
         """Stop these sequences, free their slots, and return their states (in order)."""
@@ -391,11 +400,14 @@ class SlotEngine(EngineLoop):
             if reason is not None:
                 done.append(r)
                 del self._live[seq.handle]
-                finished.append(Completion(handle=seq.handle, prompt_ids=list(seq.prompt_ids), token_ids=seq.tokens,
-                                           logprobs=seq.logprobs, versions=seq.versions, finish_reason=reason,
-                                           forced=seq.forced))
+                finished.append(self._completion(seq, reason))
         self._free(done)
         return finished
+
+    @staticmethod
+    def _completion(seq: Sequence, reason: str) -> Completion:
+        return Completion(handle=seq.handle, prompt_ids=list(seq.prompt_ids), token_ids=seq.tokens,
+                          logprobs=seq.logprobs, versions=seq.versions, finish_reason=reason, forced=seq.forced)
 
     def _record_candidates(self, rows: list[Sequence], logprobs: torch.Tensor) -> None:
         """Keep each asking row's ``top_candidates`` most likely tokens of this position (one more sync)."""

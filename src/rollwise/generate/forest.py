@@ -19,7 +19,6 @@ from dataclasses import dataclass, field, replace
 
 from rollwise.engine.engine import Request
 from rollwise.engine.sampling import SamplingParams
-from rollwise.engine.state import PartialState
 from rollwise.generate.group import loss_mask
 from rollwise.types import Prompt, Rollout, RolloutGroup
 
@@ -60,11 +59,19 @@ class Tree:
             node = self.nodes[node].parent
         return out[::-1]
 
+    def subtree(self, node: int) -> list[int]:
+        """``node`` and every node below it."""
+        out, stack = [], [node]
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(self.nodes[n].children)
+        return out
+
     def remove(self, node: int) -> None:
-        """Drop a pruned leaf node from its parent's children."""
-        parent = self.nodes[node].parent
-        self.nodes[parent].children.remove(node)
-        self.removed.add(node)
+        """Drop a pruned node and everything below it."""
+        self.nodes[self.nodes[node].parent].children.remove(node)
+        self.removed.update(self.subtree(node))
 
     def live_nodes(self) -> list[Node]:
         return [n for n in self.nodes if n.id not in self.removed]
@@ -112,7 +119,8 @@ class Forest:
         self.live: dict[int, Branch] = {}
         self.leaves: list[list[Leaf]] = [[] for _ in prompts]
         self.fallback_rounds = [0] * len(prompts)
-        self.wasted_tokens = 0  # sampled tokens of branches pruned away (not in any leaf)
+        self.wasted_tokens = 0  # tokens of branches pruned away (not in any leaf)
+        self.placed_tokens = 0  # tokens placed by fork(replace_last), not sampled
         self.forks = 0
 
     # -- what strategies call ------------------------------------------------------------
@@ -138,26 +146,27 @@ class Forest:
         for c in children:
             self.live[c] = Branch(br.prompt, tree.add(br.node, at), grow=br.grow, seen=tokens)
         self.forks += 1
+        self.placed_tokens += sum(t is not None for t in replace_last or ())
         return children
 
-    def prune(self, handles: list[int], keep_as_leaves: bool) -> None:
-        """Stop live branches: keep what they sampled as leaves (finish_reason ``pruned``) or drop it."""
+    def stop(self, handles: list[int]) -> None:
+        """End live branches early; what they sampled stays a leaf (finish_reason ``pruned``)."""
         if not handles:
             return
-        states = self.engine.pause(handles)
-        for h, st in zip(handles, states):
-            br = self.live.pop(h)
-            if keep_as_leaves:
-                self._leaf(br, st.token_ids, st.logprobs, st.versions, st.forced, "pruned")
-            else:
-                self._drop(br, st)
+        for h, st in zip(handles, self.engine.pause(handles)):
+            self._leaf(self.live.pop(h), st.token_ids, st.logprobs, st.versions, st.forced, "pruned")
 
-    def drop_leaf(self, pi: int, node: int) -> None:
-        """Remove a finished leaf (LATR prunes a branch that finished during its lookahead)."""
-        leaf = next(lf for lf in self.leaves[pi] if lf.node == node)
-        self.leaves[pi].remove(leaf)
-        self.wasted_tokens += len(leaf.token_ids) - self.trees[pi].nodes[node].start
-        self.trees[pi].remove(node)
+    def discard(self, pi: int, node: int) -> None:
+        """Remove ``node`` and its whole subtree from prompt ``pi``'s tree: live branches below it
+        are stopped, finished leaves below it dropped; their tokens count as wasted."""
+        tree = self.trees[pi]
+        under = set(tree.subtree(node))
+        handles = [h for h, b in self.live.items() if b.prompt == pi and b.node in under]
+        for h, st in zip(handles, self.engine.pause(handles) if handles else []):
+            tree.nodes[self.live.pop(h).node].end = len(st.token_ids)
+        self.leaves[pi] = [lf for lf in self.leaves[pi] if lf.node not in under]
+        self.wasted_tokens += sum(tree.nodes[n].length for n in under)
+        tree.remove(node)
 
     def tokens(self, handle: int) -> list[int]:
         return self.engine.peek(handle).token_ids
@@ -192,11 +201,6 @@ class Forest:
         self.leaves[br.prompt].append(Leaf(br.node, list(token_ids), list(logprobs), list(versions),
                                            list(forced), reason))
 
-    def _drop(self, br: Branch, st: PartialState) -> None:
-        self.wasted_tokens += len(st.token_ids) - self.trees[br.prompt].nodes[br.node].start
-        self.trees[br.prompt].nodes[br.node].end = len(st.token_ids)
-        self.trees[br.prompt].remove(br.node)
-
     # -- results -------------------------------------------------------------------------
     def groups(self, decode) -> list[RolloutGroup]:
         """One group per prompt: its leaves as rollouts (in tree order), the tree beside them."""
@@ -214,6 +218,11 @@ class Forest:
             groups.append(RolloutGroup(prompt=prompt, rollouts=rollouts, tree=tree))
         return groups
 
+    @property
+    def sampled_tokens(self) -> int:
+        """Tokens the engine sampled for this forest: every node once, pruned branches included."""
+        return sum(t.unique_tokens for t in self.trees) + self.wasted_tokens - self.placed_tokens
+
     def metrics(self, prefix: str) -> dict[str, float]:
         leaves = sum(len(lv) for lv in self.leaves)
         unique = sum(t.unique_tokens for t in self.trees)
@@ -222,7 +231,7 @@ class Forest:
             f"{prefix}/leaves_per_prompt": leaves / max(len(self.prompts), 1),
             f"{prefix}/nodes_per_prompt": sum(len(t.live_nodes()) - 1 for t in self.trees) / max(len(self.prompts), 1),
             f"{prefix}/forks": float(self.forks),
-            f"{prefix}/sampled_tokens_per_leaf": (unique + self.wasted_tokens) / max(leaves, 1),
+            f"{prefix}/sampled_tokens_per_leaf": self.sampled_tokens / max(leaves, 1),
             f"{prefix}/shared_token_ratio": 1 - unique / max(leaf_tokens, 1),
             f"{prefix}/wasted_tokens": float(self.wasted_tokens),
             f"{prefix}/fallback_prompts": float(sum(r > 0 for r in self.fallback_rounds)),

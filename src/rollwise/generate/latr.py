@@ -13,7 +13,8 @@ trajectories:
    sampled token), which is exactly the continuation it would have had.
 3. **Prune**: if the two lookahead windows are too similar — Jaccard similarity of their
    sets of token 4-grams (``ngram``) above ``prune_similarity`` — the new branch is dropped
-   (its tokens are wasted and counted) and the budget it held is free again.
+   with every branch that grew out of it meanwhile (their tokens are wasted and counted) and
+   the budget they held is free again.
 
 A forced token was not sampled, so it is excluded from the loss (``Rollout.loss_mask``); its
 behaviour log-prob is its probability under the sampling distribution. If a prompt's branches
@@ -60,8 +61,9 @@ class _Pair:
     new: int  # the child that took the alternative (likewise)
     prompt: int
     at: int  # completion position where they split
-    keep_node: int
+    keep_node: int  # the node each lineage is growing now
     new_node: int
+    new_root: int  # the node the new branch started (discarded with its subtree when pruned)
     done: dict  # node -> finished token ids
 
 
@@ -117,7 +119,8 @@ class LatrSampler:
                     pair.keep, pair.keep_node = keep, forest.live[keep].node
                 if pair.new == handle:
                     pair.new, pair.new_node = keep, forest.live[keep].node
-            self._pairs.append(_Pair(keep, new, br.prompt, n - 1, forest.live[keep].node, forest.live[new].node, {}))
+            new_node = forest.live[new].node
+            self._pairs.append(_Pair(keep, new, br.prompt, n - 1, forest.live[keep].node, new_node, new_node, {}))
 
     def _window(self, forest: Forest, pair: _Pair, handle: int, node: int) -> list[int] | None:
         """The pair member's lookahead window: complete, or cut short because the member
@@ -133,6 +136,9 @@ class LatrSampler:
     def _resolve(self, forest: Forest) -> None:
         still = []
         for pair in self._pairs:
+            removed = forest.trees[pair.prompt].removed
+            if pair.keep_node in removed or pair.new_node in removed:
+                continue  # a pair inside a subtree pruned meanwhile: nothing left to judge
             a = self._window(forest, pair, pair.keep, pair.keep_node)
             b = self._window(forest, pair, pair.new, pair.new_node)
             if a is None or b is None:
@@ -145,7 +151,4 @@ class LatrSampler:
         # compare what follows the split: the first tokens differ by construction
         if jaccard(a[1:], b[1:], self.cfg.ngram) > self.cfg.prune_similarity:
             self._pruned += 1
-            if pair.new in forest.live:
-                forest.prune([pair.new], keep_as_leaves=False)
-            else:
-                forest.drop_leaf(pair.prompt, pair.new_node)
+            forest.discard(pair.prompt, pair.new_root)

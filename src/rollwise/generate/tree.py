@@ -94,7 +94,7 @@ class TreeSampler:
             high = self._is_high(entropy)
             self.entropies.append(entropy)
             if self.cfg.repeat_ngram and repeats(view.token_ids, self.cfg.repeat_ngram):
-                forest.prune([handle], keep_as_leaves=True)
+                forest.stop([handle])
                 continue
             k = self._factor(br.grow, n // seg, high)
             k = min(k, forest.budgets[br.prompt] - forest.count(br.prompt) + 1)

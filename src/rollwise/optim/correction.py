@@ -47,13 +47,13 @@ def behavior_weights(
         ones = torch.ones_like(log_w)
         if mode == "none":
             return ones, {}
-        if mode.startswith("token"):
+        if mode in ("token_truncate", "token_mask"):
             w = torch.exp(log_w)
             hit = (w > cap) & mask.bool()
             w = w.clamp(max=cap) if mode == "token_truncate" else torch.where(hit, torch.zeros_like(w), w)
             n = mask.sum().clamp(min=1)
             stats = {f"tis/{'truncated' if mode == 'token_truncate' else 'masked'}_tokens": hit.sum() / n}
-        elif mode.startswith("sequence"):
+        elif mode in ("sequence_truncate", "sequence_mask"):
             seq_w = torch.exp(log_w.sum(-1))  # [B] Π w over each sequence's tokens
             if mode == "sequence_truncate":
                 hit = seq_w > cap

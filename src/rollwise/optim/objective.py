@@ -77,7 +77,8 @@ def assign_advantages(groups: list[RolloutGroup], cfg: ObjectiveConfig) -> dict[
                 r.advantage = [a] * len(r.completion_ids)
         i += n
     zero = sum(1 for g in groups if len({r.reward for r in g.rollouts}) <= 1)
-    token_adv = [abs(a) for g in groups for r in g.rollouts for a in r.advantage]
+    token_adv = [abs(a) for g in groups for r in g.rollouts
+                 for a, m in zip(r.advantage, r.loss_mask or [1] * len(r.advantage)) if m]  # trained tokens
     return {"advantage/abs_mean": sum(map(abs, adv)) / max(len(adv), 1),
             "advantage/token_abs_mean": sum(token_adv) / max(len(token_adv), 1),
             "groups/zero_signal": zero / max(len(groups), 1)}

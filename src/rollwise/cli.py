@@ -140,5 +140,33 @@ def bench_engine(
         json_path.write_text(json.dumps(results, indent=2))
 
 
+@bench_app.command("rollout")
+@friendly_errors
+def bench_rollout(
+    json_path: Annotated[Path | None, typer.Option("--json", help="write results as JSON")] = None,
+    set_: SetOpt = None,
+):
+    """Rollout strategies side by side: tree/latr vs group (tokens per leaf, accuracy at equal tokens), april vs group."""
+    from rollwise.bench.rollout import run_rollout_bench
+
+    results = run_rollout_bench(overrides=set_ or [], console=console)
+    if json_path:
+        json_path.write_text(json.dumps(results, indent=2))
+
+
+@bench_app.command("sandbox")
+@friendly_errors
+def bench_sandbox(
+    json_path: Annotated[Path | None, typer.Option("--json", help="write results as JSON")] = None,
+    set_: SetOpt = None,
+):
+    """Executions/s of a trivial program: the sandbox pool vs one `subprocess.run` per job."""
+    from rollwise.bench.sandbox import run_sandbox_bench
+
+    results = run_sandbox_bench(overrides=set_ or [], console=console)
+    if json_path:
+        json_path.write_text(json.dumps(results, indent=2))
+
+
 if __name__ == "__main__":
     app()

@@ -408,3 +408,50 @@ def test_strategy_state_survives_checkpoint_and_resume(tmp_path, strategy):
         assert min(versions) < 2  # carried tokens kept the versions that sampled them
         last = metrics_resumed[-1]
         assert last["april/started"] == last["april/trained"] + last["april/carried_rollouts"]
+
+
+def test_pause_keep_cache_resumes_without_recomputing(tiny, prompts):
+    """keep_cache: the resumed sequence copies its parked cache back (no prefill) and, under the
+    same weights, continues exactly as the uninterrupted run (tokens; log-probs to float noise)."""
+    params = params_for(tiny, max_new_tokens=30, temperature=1.0)
+    reqs = [Request(p.token_ids, replace(params, seed=11 + i)) for i, p in enumerate(prompts)]
+    straight = engine_for(tiny).generate(reqs)
+    engine = engine_for(tiny)
+    handles = engine.submit(reqs)
+    for _ in range(6):
+        engine.step()
+    running = [h for h in handles if h in engine._live]
+    states = engine.pause(running, keep_cache=True)
+    assert all(st.kv is not None and st.kv_version == 0 for st in states)
+    prefilled = engine.stats.prefill_tokens
+    new = engine.resume(states)
+    done = engine.run_until()
+    assert engine.stats.prefill_tokens == prefilled and engine.stats.reprefill_tokens == 0
+    assert engine.stats.restored_tokens == sum(len(st.prompt_ids) + len(st.token_ids) - 1 for st in states)
+    for st, h in zip(states, new):
+        want = next(c for c, r in zip(straight, reqs) if r.prompt_ids == st.prompt_ids)
+        got = done[h]
+        assert got.token_ids == want.token_ids
+        assert torch.allclose(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=1e-4)
+
+
+def test_april_reuse_kv_carries_caches_but_checkpoints_drop_them(tiny, prompts):
+    params = params_for(tiny, max_new_tokens=96)
+    engine = engine_for(tiny, slots=64)
+    sampler = AprilSampler(params, decode, AprilConfig(over_provision=2, reuse_kv=True), target=2)
+    cursor = 0
+    for step in range(5):
+        n = sampler.prompts_wanted(2)
+        fresh = [replace(prompts[(cursor + i) % len(prompts)], id=f"{step}.{i}") for i in range(n)]
+        cursor += n
+        sampler.generate(engine, fresh, [2] * n, seed=step)
+        assert sampler.started == sampler.trained + sampler.carried
+    assert engine.stats.restored_tokens > 0 and engine.stats.reprefill_tokens == 0
+    carried = [p for f in sampler.buffer for p in f.partial]
+    assert carried and any(p.kv is not None for p in carried)
+    state = sampler.state_dict()
+    assert all(p.kv is None for p in carried)  # dropped in the live buffer too: both runs now recompute
+    restored = AprilSampler(params, decode, sampler.cfg, target=2)
+    restored.load_state_dict(state)
+    assert [[p.token_ids for p in f.partial] for f in restored.buffer] == [[p.token_ids for p in f.partial]
+                                                                           for f in sampler.buffer]

@@ -123,6 +123,18 @@ class SlotKV:
             t[dst_t, :, :length] = t[src_t, :, :length]
 
 
+    def export_row(self, row: int, length: int) -> list[torch.Tensor]:
+        """Copies of positions ``[0, length)`` of ``row``: one ``[2, n_kv_heads, length, head_dim]`` per layer."""
+        return [torch.stack((k[row, :, :length], v[row, :, :length])) for k, v in zip(self.k, self.v)]
+
+    def import_row(self, row: int, cached: list[torch.Tensor]) -> None:
+        """Write ``export_row``'s copies into ``row``."""
+        length = cached[0].shape[2]
+        for k, v, kv in zip(self.k, self.v, cached):
+            k[row, :, :length] = kv[0]
+            v[row, :, :length] = kv[1]
+
+
 class LlamaForward:
     """Prefill and decode for a Llama / Qwen2 / Mistral HF module over a ``SlotKV``."""
 

@@ -30,7 +30,12 @@ How it works:
   never in the parent's cache), as vLLM does for a full prefix-cache hit.
 - **Pause/resume**: ``pause`` frees the slots and returns ``PartialState`` records (ids,
   log-probs, versions, params, seed and the generator's state); ``resume`` queues them and
-  re-prefills prompt + completion on admission (``stats.reprefill_tokens``).
+  re-prefills prompt + completion on admission (``stats.reprefill_tokens``), so a sequence
+  resumed under new weights continues exactly as the new policy would. ``pause(...,
+  keep_cache=True)`` also copies out each running sequence's cached keys/values, and
+  ``resume`` copies them back instead of recomputing (``stats.restored_tokens``): cheaper,
+  but after a weight update the prefix's keys/values are the old policy's (an in-flight
+  weight update, as PipelineRL does; the behaviour log-probs record what was sampled).
 
 Forked parents and paused handles never produce a ``Completion``; children and resumed
 sequences get new handles.
@@ -207,8 +212,11 @@ class SlotEngine(EngineLoop):
             self._queue.extendleft(reversed(children[1 + free :]))  # first in line
         return handles
 
-    def pause(self, handles: list[int]) -> list[PartialState]:
-        """Stop these sequences, free their slots, and return their states (in order)."""
+    def pause(self, handles: list[int], keep_cache: bool = False) -> list[PartialState]:
+        """Stop these sequences, free their slots, and return their states (in order).
+
+        ``keep_cache``: running sequences' states carry a copy of their cached keys/values
+        (``PartialState.kv``), which ``resume`` reuses instead of recomputing the prefix."""
         for h in handles:
             self._get(h)  # all or nothing
         if len(set(handles)) != len(handles):
@@ -224,6 +232,8 @@ class SlotEngine(EngineLoop):
                 prompt_ids=list(seq.prompt_ids), token_ids=list(seq.tokens), logprobs=list(seq.logprobs),
                 versions=list(seq.versions), params=seq.params, seed=seq.seed,
                 generator_state=seq.generator.get_state(), forced=list(seq.forced),
+                kv=self._kv.export_row(seq.row, self._lens[seq.row]) if keep_cache and seq.row is not None else None,
+                kv_version=self.version if keep_cache and seq.row is not None else None,
             ))
         self._free(freed)
         return states
@@ -243,8 +253,10 @@ class SlotEngine(EngineLoop):
             gen = torch.Generator(device=self.device)
             gen.set_state(st.generator_state)
             seq = self._new_seq(list(st.prompt_ids), st.params, st.seed, generator=gen, tokens=list(st.token_ids),
-                                logprobs=list(st.logprobs), versions=list(st.versions), recompute=True,
-                                forced=list(st.forced))
+                                logprobs=list(st.logprobs), versions=list(st.versions), recompute=st.kv is None,
+                                forced=list(st.forced), parked=st.kv)
+            if st.kv is not None and st.kv[0].shape[2] != len(seq.ids) - 1:
+                raise ValueError("resume: the state's cached keys/values do not match its ids")
             self._queue.append(seq)
             handles.append(seq.handle)
         return handles
@@ -318,16 +330,32 @@ class SlotEngine(EngineLoop):
         self.stats.prefix_tokens_shared += sum(lens)
         self.stats.prefill_tokens += sum(1 for s, _ in pairs if not s.tokens)  # a prompt's last token, again
 
+    def _place_restores(self, seqs: list[Sequence]) -> None:
+        """Admit resumed sequences with their parked cache: copy it in; each re-feeds its last id."""
+        if not seqs:
+            return
+        r0 = len(self._rows)
+        lens = [s.parked[0].shape[2] for s in seqs]
+        for i, seq in enumerate(seqs):
+            self._kv.import_row(r0 + i, seq.parked)
+            seq.parked = None
+        self._place(seqs, lens)
+        self._pending[r0 : r0 + len(seqs)] = torch.tensor([s.ids[-1] for s in seqs], device=self.device)
+        self.stats.restored_tokens += sum(lens)
+
     def _admit(self) -> tuple[int, list[Sequence], list[tuple[Sequence, int]]]:
         """Move queued sequences into free rows. Fork children with a running sibling are placed
         at once (they decode this step); the rest become prefill leaders, or followers that
         share a leader's prefill. Returns (rows that decode, leaders, (follower, leader index))."""
         self._ensure_cache()
         free = self.max_batch_size - len(self._rows)
-        copies, leaders, followers, lead_of = [], [], [], {}
+        copies, restores, leaders, followers, lead_of = [], [], [], [], {}
         while self._queue and free > 0:
             seq = self._queue.popleft()
             free -= 1
+            if seq.parked is not None:
+                restores.append(seq)
+                continue
             family = seq.family
             if family is not None:
                 sibling = family.running()
@@ -340,6 +368,7 @@ class SlotEngine(EngineLoop):
                 lead_of[id(family)] = len(leaders)
             leaders.append(seq)
         self._place_copies(copies)
+        self._place_restores(restores)
         n_decode = len(self._rows)
         self._place(leaders, [len(s.ids) for s in leaders])
         self._place([f for f, _ in followers], [len(f.ids) for f, _ in followers])

@@ -34,6 +34,10 @@ class PartialState:
     seed: int
     generator_state: torch.Tensor  # torch.Generator.get_state() (a CPU uint8 tensor)
     forced: list[int] = field(default_factory=list)  # positions placed by fork(replace_last=...)
+    # pause(keep_cache=True): the cached keys/values (one tensor per layer) and the policy
+    # version that computed them; resume reuses them instead of recomputing (never checkpointed)
+    kv: list[torch.Tensor] | None = field(default=None, repr=False)
+    kv_version: int | None = None
 
 
 @dataclass
@@ -44,6 +48,7 @@ class SlotEngineStats(EngineStats):
 
     prefix_tokens_shared: int = 0  # cached positions copied between slots by fork instead of computed
     reprefill_tokens: int = 0  # of prefill_tokens: prefixes computed again (resume; fork with no sibling left)
+    restored_tokens: int = 0  # cached positions resume copied back from pause(keep_cache=True) instead of computing
     steps: int = 0  # step() calls that ran the model
     slots: int = 0  # max concurrent sequences
     # occupancy over time: sequences sampled at each step (the most recent 100k steps)
@@ -57,6 +62,7 @@ class SlotEngineStats(EngineStats):
     def as_dict(self) -> dict[str, float]:
         d = super().as_dict()
         d.update(prefix_tokens_shared=self.prefix_tokens_shared, reprefill_tokens=self.reprefill_tokens,
+                 restored_tokens=self.restored_tokens,
                  steps=self.steps, slot_occupancy=self.slot_occupancy)
         return d
 
@@ -100,6 +106,7 @@ class Sequence:
     candidates: list[tuple[int, float]] | None = None  # top tokens (id, logprob) of the latest position
     family: ForkFamily | None = None
     recompute: bool = False  # its ids were computed before (resumed, or a running parent's child)
+    parked: list[torch.Tensor] | None = None  # resumed with its cache: copied in on admission, not computed
     row: int | None = None  # cache row while running
 
     @property

@@ -14,6 +14,15 @@ checkpoint, so a resumed run continues the carried rollouts as the uninterrupted
 Resumed tokens come from older policy versions (``Rollout.versions``): the objective's
 ``tis_mode`` (``tis_mis``) reweights them; ``token_truncate`` is the recommended mode.
 
+``reuse_kv`` (off by default) keeps each paused rollout's cached keys/values with it
+(``SlotEngine.pause(keep_cache=True)``), so resuming costs a copy instead of a prefill of
+prompt + partial completion. The prefix's keys/values are then the old policy's — the
+in-flight weight update of PipelineRL ("PipelineRL: Faster On-policy Reinforcement Learning
+for Long Sequence Generation", Piché et al., 2025). On a GPU a prefill is cheap next to
+decoding; on a CPU it costs about as much as decoding the same tokens, which is what this
+option is for. A checkpoint drops the carried caches (they are never saved), in the
+uninterrupted run as well, so a resumed run still continues exactly as the uninterrupted one.
+
 Departures from the paper: a group counts as complete only when all its rollouts are
 (APRIL counts responses); when several groups complete in the same engine step, all of
 them are returned (a step may train on slightly more than ``prompts_per_step`` groups).
@@ -40,6 +49,8 @@ _MASK = 2**62 - 1
 
 class AprilConfig(StrictModel):
     over_provision: float = Field(1.5, ge=1, description="groups in flight per step / prompts_per_step (APRIL's B'/B)")
+    reuse_kv: bool = Field(False, description="carry paused rollouts' KV cache instead of recomputing it under the "
+                           "new weights (in-flight update, PipelineRL-style; cheaper where prefill is not)")
 
 
 @dataclass
@@ -120,12 +131,15 @@ class AprilSampler:
     def _carry(self, engine, flights: list[_Flight], owner: dict[int, int], complete: set[int]) -> None:
         """Pause what still runs and keep every incomplete group (finished rollouts + partial states)."""
         handles = list(owner)
-        for h, state in zip(handles, engine.pause(handles)):
+        for h, state in zip(handles, engine.pause(handles, keep_cache=self.cfg.reuse_kv)):
             flights[owner[h]].partial.append(state)
         self.buffer = [f for i, f in enumerate(flights) if i not in complete]
 
     # -- checkpointed with the run ---------------------------------------------------------
     def state_dict(self) -> dict:
+        for flight in self.buffer:  # carried caches are not saved: drop them here too, so the
+            for p in flight.partial:  # uninterrupted run recomputes exactly as a resumed one will
+                p.kv = p.kv_version = None
         return {
             "started": self.started, "trained": self.trained,
             "buffer": [{"prompt": asdict(f.prompt), "size": f.size, "done": [asdict(r) for r in f.done],
@@ -139,7 +153,7 @@ class AprilSampler:
 
 
 def _state_to_dict(p: PartialState) -> dict:
-    d = asdict(p)
+    d = {k: v for k, v in asdict(p).items() if k not in ("kv", "kv_version")}
     d["params"] = {**asdict(p.params), "stop_token_ids": list(p.params.stop_token_ids)}
     return d
 

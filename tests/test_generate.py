@@ -247,7 +247,7 @@ class ScriptedEngine:
                 done.append(Completion(h, s["prompt"], s["tokens"], [0.0] * n, s["versions"], "stop"))
         return done
 
-    def pause(self, handles):
+    def pause(self, handles, keep_cache=False):
         out = []
         for h in handles:
             s = self.running.pop(h)

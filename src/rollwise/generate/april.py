@@ -1,5 +1,5 @@
 """``april``: active partial rollouts — APRIL ("APRIL: Active Partial Rollouts in Reinforcement
-Learning to Tame Long-tail Generation", Zhou et al., 2025).
+Learning to Tame Long-tail Generation", 2025).
 
 A step submits ``over_provision`` × ``prompts_per_step`` groups instead of
 ``prompts_per_step``. As soon as ``prompts_per_step`` groups are complete (every one of a

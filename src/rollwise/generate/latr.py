@@ -1,5 +1,5 @@
 """``latr``: lookahead tree rollouts — LATR ("Lookahead Tree-Based Rollouts for Enhanced
-Trajectory-Level Exploration in Reinforcement Learning with Verifiable Rewards", Xing et al., 2025).
+Trajectory-Level Exploration in Reinforcement Learning with Verifiable Rewards", 2025).
 
 Each prompt starts from ``root_branches`` samples and grows to exactly ``num_generations``
 trajectories:

@@ -1,6 +1,6 @@
 """``tree``: segment-level tree rollouts — TreePO ("TreePO: Bridging the Gap of Policy
 Optimization and Efficacy and Inference Efficiency with Heuristic Tree-based Modeling",
-Li et al., 2025).
+2025).
 
 Every prompt grows a tree of fixed-length segments. All live branches of all prompts decode
 together on the slot engine; when a branch has sampled a whole segment it may fork into

@@ -8,7 +8,7 @@
 
 - ``tree_adv``: advantages for tree rollouts (TreePO, "TreePO: Bridging the Gap of Policy
   Optimization and Efficacy and Inference Efficiency with Heuristic Tree-based Modeling",
-  Li et al., 2025; the blend as in PORTool and TreePS-RAG): a node's value V(n) is the mean
+  2025; the blend as in PORTool and TreePS-RAG): a node's value V(n) is the mean
   reward of the leaves below it; the trajectory (global) term is V(n) − V(root), the fork
   (local) term V(n) − V(parent); A(n) = (1 − mix)·global + mix·local, ``mix`` = 0.5 by
   default. A leaf's global term is r − mean(leaves), GRPO's centring. Our departure: the

@@ -165,7 +165,14 @@ def test_stats(tiny, prompts):
     assert s.decode_tokens == s.padded_decode_slots == sum(len(o.token_ids) for o in outs) == sum(range(2, 10))
     assert s.occupancy == 1.0  # a finished row is never computed again
     longest = 2 + len(prompts) - 1
-    assert s.steps == longest and s.forward_calls == longest  # one prefill, then one decode per step
+    # the first step prefills every prompt, in chunks of similar length (a new chunk below half
+    # the longest of the current one), then one decode per step
+    lens, chunks, first = sorted(map(len, prompts), reverse=True), 1, 0
+    for i in range(1, len(lens)):
+        if 2 * lens[i] < lens[first]:
+            chunks, first = chunks + 1, i
+    assert chunks > 1  # TEXTS mix long and short prompts
+    assert s.steps == longest and s.forward_calls == longest + chunks - 1
     assert s.slot_occupancy == pytest.approx(s.decode_tokens / (longest * 16))
     assert s.prefix_tokens_shared == s.reprefill_tokens == 0
     # two slots for eight requests: admissions happen in later steps, each a prefill forward
@@ -475,3 +482,41 @@ def test_occupancy_over_time_is_recorded(tiny, prompts):
     # every step samples one token per running sequence; sequences drop out as they reach their length
     assert list(engine.stats.rows_per_step) == [3, 3, 2, 1, 1]
     assert sum(engine.stats.rows_per_step) == engine.stats.decode_tokens == sum(lengths)
+
+
+def test_length_buckets_and_row_sorts_change_nothing(tiny):
+    """Short rows running, then long prompts admitted behind them: the engine re-sorts rows by
+    length and splits decode attention into length buckets; every request still samples
+    exactly what it samples alone."""
+    _, tok = tiny
+    short = [tok(t)["input_ids"] for t in TEXTS] * 5  # 40 short prompts
+    long = [tok("x" * 200 + t)["input_ids"] for t in TEXTS[:4]] * 4  # 16 long ones
+    params = [SamplingParams(max_new_tokens=24, seed=100 + i) for i in range(len(short) + len(long))]
+    engine = engine_for(tiny, max_batch_size=64)
+    # admitted in waves of 5 short, 4 long, 5 short, ...: running rows alternate short and long
+    prompts, handles, early = [], [], {}
+    waves = [(short[i : i + 5], params[i : i + 5]) for i in range(0, 40, 5)]
+    waves = [w for pair in zip(waves, [(long[i : i + 4], params[40 + i : 44 + i]) for i in range(0, 16, 4)] + [([], [])] * 4)
+             for w in pair]
+    for ps, sps in waves:
+        handles += engine.submit([Request(p, sp) for p, sp in zip(ps, sps)])
+        prompts += list(zip(ps, sps))
+        early |= {c.handle: c for c in engine.step()}
+    done = early | engine.run_until()
+    assert engine.stats.row_sorts > 0
+    alone = engine_for(tiny, max_batch_size=1)
+    for h, (p, sp) in zip(handles, prompts):
+        (want,) = alone.generate([Request(p, sp)])
+        assert done[h].token_ids == want.token_ids
+        assert torch.allclose(torch.tensor(done[h].logprobs), torch.tensor(want.logprobs), atol=ATOL)
+
+
+def test_split_cost_cuts_only_when_it_pays():
+    from rollwise.engine.slots import _split_cost
+
+    cost, buckets = _split_cost([10] * 40, 0, 40, depth=2)
+    assert buckets == [(0, 40, 10)] and cost == 400  # uniform: one range
+    spans = [200] * 16 + [10] * 48
+    cost, buckets = _split_cost(spans, 0, 64, depth=2)
+    assert buckets[0] == (0, 16, 200) and cost == 16 * 200 + 48 * 10
+    assert all(b - a >= 8 for a, b, _ in buckets)

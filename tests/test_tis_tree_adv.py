@@ -371,20 +371,23 @@ def test_tree_advantages_per_token_and_each_node_trained_once(scale_rewards, sca
     # by hand, unscaled: leaf a1 [.25, .25, .125, .125], leaf b1 [−.25, −.625, −.625]
     assert by_leaf[3].advantage == pytest.approx([0.25 / scale] * 2 + [0.125 / scale] * 2)
     assert by_leaf[5].advantage == pytest.approx([-0.25 / scale] + [-0.625 / scale] * 2)
-    # a is trained in leaf 3 (first), b in leaf 5 (first): leaves 4 and 6 skip those spans
-    assert by_leaf[3].loss_mask == [1, 1, 1, 1]
+    # a is trained in leaf 3 (first), b in leaf 5 (first), each with weight 2 (two leaves below);
+    # leaves 4 and 6 skip those spans
+    assert by_leaf[3].loss_mask == [2, 2, 1, 1]
     assert by_leaf[4].loss_mask == [0, 0, 1]
-    assert by_leaf[5].loss_mask == [1, 1, 1]
+    assert by_leaf[5].loss_mask == [2, 1, 1]
     assert by_leaf[6].loss_mask == [0, 1]
-    assert sum(sum(r.loss_mask) for r in g.rollouts) == g.tree.unique_tokens == 9
+    # every unique token once (9 nonzero entries), weights adding up to the leaves' 4+3+3+2 = 12 tokens
+    assert sum(m > 0 for r in g.rollouts for m in r.loss_mask) == g.tree.unique_tokens == 9
+    assert sum(sum(r.loss_mask) for r in g.rollouts) == sum(len(r.completion_ids) for r in g.rollouts) == 12
 
 
 def test_shared_node_is_trained_in_the_first_leaf_in_rollout_order():
     g = tree_group(order=(6, 5, 4, 3))
     assign_advantages([g], ObjectiveConfig(scale_rewards="none"))
     masks = {r.node_path[-1]: r.loss_mask for r in g.rollouts}
-    assert masks == {6: [1, 1], 5: [0, 1, 1], 4: [1, 1, 1], 3: [0, 0, 1, 1]}
-    assert sum(sum(m) for m in masks.values()) == 9
+    assert masks == {6: [2, 1], 5: [0, 1, 1], 4: [2, 2, 1], 3: [0, 0, 1, 1]}
+    assert sum(sum(m) for m in masks.values()) == 12
 
 
 def test_forced_token_stays_masked():
@@ -393,7 +396,7 @@ def test_forced_token_stays_masked():
     assign_advantages([g], ObjectiveConfig(scale_rewards="none"))
     masks = {r.node_path[-1]: r.loss_mask for r in g.rollouts}
     assert masks[6] == [0, 0]  # b was trained in leaf 5; the forced token stays 0
-    assert sum(sum(m) for m in masks.values()) == 9 - 1
+    assert sum(sum(m) for m in masks.values()) == 12 - 1
     # the forced token still carries its node's advantage (the mask, not the advantage, drops it)
     leaf6 = next(r for r in g.rollouts if r.node_path[-1] == 6)
     assert leaf6.advantage == pytest.approx([-0.25, 0.375])
@@ -472,5 +475,6 @@ def test_build_batch_on_a_tree_group_trains_each_unique_token_once():
     g = tree_group(masks={6: [1, 0]})
     assign_advantages([g], ObjectiveConfig(scale_rewards="none"))
     b = build_batch([g], pad_token_id=0)
-    assert int(b.completion_mask.sum()) == g.tree.unique_tokens - 1  # 9 unique, one forced
+    assert int((b.completion_mask > 0).sum()) == g.tree.unique_tokens - 1  # 9 unique, one forced
+    assert int(b.completion_mask.sum()) == 12 - 1  # weights: shared nodes count for both their leaves
     assert b.completion_lengths.tolist() == [4, 3, 3, 2]  # lengths keep the masked tokens

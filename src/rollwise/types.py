@@ -57,7 +57,9 @@ class Rollout:
     reward_reasons: dict[str, str] = field(default_factory=dict)
     advantage: list[float] | None = None  # per completion token, set by optim
     node_path: list[int] | None = None  # tree rollouts: node ids from root to leaf
-    loss_mask: list[int] | None = None  # per token, 0 = not trained (e.g. forced tokens); None = all trained
+    # per-token loss weight: 0 = not trained (a forced token; a tree prefix trained in another
+    # leaf), k = stands for k rollouts (a tree node shared by k leaves, trained once); None = all 1
+    loss_mask: list[int] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

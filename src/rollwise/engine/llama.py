@@ -202,23 +202,27 @@ class LlamaForward:
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(_rms(x, *self.norm), *self.lm_head)
 
-    def decode(self, kv: SlotKV, tokens: torch.Tensor, pos: torch.Tensor, span: int) -> torch.Tensor:
+    def decode(self, kv: SlotKV, tokens: torch.Tensor, pos: torch.Tensor, buckets: list[tuple[int, int, int]]
+               ) -> torch.Tensor:
         """One token for each of rows ``0..n-1``: ``tokens [n]`` at positions ``pos [n]``.
 
-        Writes each row's key/value at its position and attends over ``[0, span)`` with
-        keys past the row's position masked (``span`` = max(pos) + 1). Returns logits [n, V].
+        Writes each row's key/value at its position. ``buckets`` cut the rows into contiguous
+        ranges ``(start, end, span)``: rows of a range attend over ``[0, span)`` with keys past
+        their own position masked (``span`` > their largest position), so short rows do not
+        pay for the longest row's keys. Returns logits [n, V].
         """
         n = tokens.shape[0]
         H, Hkv, G, hd = self.n_heads, self.n_kv_heads, self.groups, self.head_dim
         x = F.embedding(tokens, self.embed)  # [n, D]
         cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]  # [n, 1, hd]
-        keys = torch.arange(span, device=tokens.device)
         masks = {}
-        for w in self.windows:
-            visible = keys[None, :] <= pos[:, None]  # [n, span]
-            if w is not None:
-                visible &= keys[None, :] > pos[:, None] - w
-            masks[w] = self._bias(visible[:, None, None, :])  # [n, 1, 1, span]
+        for a, b, span in buckets:
+            keys = torch.arange(span, device=tokens.device)
+            for w in self.windows:
+                visible = keys[None, :] <= pos[a:b, None]  # [rows, span]
+                if w is not None:
+                    visible &= keys[None, :] > pos[a:b, None] - w
+                masks[a, w] = self._bias(visible[:, None, None, :])  # [rows, 1, 1, span]
         rows = torch.arange(n, device=tokens.device)
         for i, layer in enumerate(self.layers):
             h = _rms(x, layer.norm_in, layer.eps)
@@ -229,8 +233,11 @@ class LlamaForward:
             K[rows, :, pos] = k
             V[rows, :, pos] = v
             # the G query heads sharing a key/value head become G query rows of that head
-            o = F.scaled_dot_product_attention(
-                q.view(n, Hkv, G, hd), K[:n, :, :span], V[:n, :, :span], attn_mask=masks[layer.window],
+            q = q.view(n, Hkv, G, hd)
+            o = torch.cat([F.scaled_dot_product_attention(
+                q[a:b], K[a:b, :, :span], V[a:b, :, :span], attn_mask=masks[a, layer.window], scale=layer.scale,
+            ) for a, b, span in buckets]) if len(buckets) > 1 else F.scaled_dot_product_attention(
+                q, K[:n, :, : buckets[0][2]], V[:n, :, : buckets[0][2]], attn_mask=masks[0, layer.window],
                 scale=layer.scale,
             )  # [n, Hkv, G, hd]
             x = x + F.linear(o.reshape(n, H * hd), *layer.o)

@@ -79,7 +79,8 @@ class SlotEngine(EngineLoop):
         self._queue: deque[Sequence] = deque()
         self._live: dict[int, Sequence] = {}  # handle -> queued or running sequence
         self._finished: dict[int, Completion] = {}
-        self._early: list[Completion] = []  # finished outside a step (a fork child forced to a stop token)
+        self._early: list[Completion] = []
+        self._sorted_at = -8  # stats.steps at the last row sort  # finished outside a step (a fork child forced to a stop token)
         self._rows: list[Sequence] = []  # running sequences; row r uses cache row r
         self._lens: list[int] = []  # cached positions per row
         self._kv: SlotKV | None = None
@@ -367,6 +368,11 @@ class SlotEngine(EngineLoop):
                     continue
                 lead_of[id(family)] = len(leaders)
             leaders.append(seq)
+        # longest first, so prefill can cut them into chunks of similar length (see _run_model)
+        order = sorted(range(len(leaders)), key=lambda i: -len(leaders[i].ids))
+        rank = {old: new for new, old in enumerate(order)}
+        leaders = [leaders[i] for i in order]
+        followers = [(f, rank[i]) for f, i in followers]
         self._place_copies(copies)
         self._place_restores(restores)
         n_decode = len(self._rows)
@@ -379,27 +385,71 @@ class SlotEngine(EngineLoop):
         """Decode rows ``[0, n_decode)``, prefill the leaders; return next-token logits for every row [n, V]."""
         parts = []
         if n_decode:
-            span = max(self._lens[:n_decode]) + 1
-            parts.append(self.forward.decode(self._kv, self._pending[:n_decode], self._pos[:n_decode], span))
+            buckets = self._buckets(n_decode)
+            parts.append(self.forward.decode(self._kv, self._pending[:n_decode], self._pos[:n_decode], buckets))
             self._pos[:n_decode] += 1
             self._lens[:n_decode] = [n + 1 for n in self._lens[:n_decode]]
             self.stats.forward_calls += 1
         if leaders:
-            seqs = [s.ids for s in leaders]
+            seqs = [s.ids for s in leaders]  # longest first (_admit)
             lens = [len(s) for s in seqs]
-            width = max(lens)
-            ids = torch.tensor([s + [self.pad_token_id] * (width - len(s)) for s in seqs], device=self.device)
-            logits = self.forward.prefill(self._kv, ids, lens, n_decode)
-            self.stats.forward_calls += 1
+            # attention in a prefill costs rows × width²: a leader under half the chunk's width starts a new chunk
+            chunks, a = [], 0
+            for i in range(1, len(lens) + 1):
+                if i == len(lens) or 2 * lens[i] < lens[a]:
+                    chunks.append((a, i))
+                    a = i
+            logits = []
+            for a, b in chunks:
+                width = lens[a]
+                ids = torch.tensor([s + [self.pad_token_id] * (width - len(s)) for s in seqs[a:b]], device=self.device)
+                logits.append(self.forward.prefill(self._kv, ids, lens[a:b], n_decode + a))
+            logits = torch.cat(logits) if len(logits) > 1 else logits[0]
+            self.stats.forward_calls += len(chunks)
             self.stats.prefill_tokens += sum(lens)
             self.stats.reprefill_tokens += sum(n for s, n in zip(leaders, lens) if s.recompute)
             if followers:  # same prompt as their leader: copy its rows, sample from its logits
                 src = [n_decode + i for _, i in followers]
-                self._kv.copy_rows(src, [f.row for f, _ in followers], width)
+                self._kv.copy_rows(src, [f.row for f, _ in followers], max(lens[i] for _, i in followers))
                 self.stats.prefix_tokens_shared += sum(lens[i] for _, i in followers)
                 logits = logits[torch.tensor(list(range(len(leaders))) + [i for _, i in followers], device=self.device)]
             parts.append(logits)
         return (torch.cat(parts) if len(parts) > 1 else parts[0]).float()
+
+    # -- length buckets for decode attention ------------------------------------------------
+    # A decode step's attention costs rows × span. With one span for all rows (the longest
+    # row's), a batch mixing long and short sequences (a long tail, resumed partial rollouts)
+    # pays the longest span on every row. Rows are therefore cut into up to four contiguous
+    # ranges, each with its own span; and when the running rows' order leaves much to gain,
+    # they are re-sorted by length (one copy of their cache rows), at most every 8 steps.
+
+    def _buckets(self, n: int) -> list[tuple[int, int, int]]:
+        spans = [length + 1 for length in self._lens[:n]]  # each row attends over [0, its position]
+        cost, buckets = _split_cost(spans, 0, n, depth=2)
+        if n >= 32 and self.stats.steps - self._sorted_at >= 8:
+            ordered = sorted(spans, reverse=True)
+            best, _ = _split_cost(ordered, 0, n, depth=2)
+            if cost - best > 0.15 * cost:
+                self._sort_rows(n)
+                self._sorted_at = self.stats.steps
+                spans = [length + 1 for length in self._lens[:n]]
+                cost, buckets = _split_cost(spans, 0, n, depth=2)
+        return buckets
+
+    def _sort_rows(self, n: int) -> None:
+        """Reorder running rows ``[0, n)`` longest first: cache rows, row settings, bookkeeping."""
+        order = sorted(range(n), key=lambda r: -self._lens[r])
+        width = max(self._lens[:n])
+        index = torch.tensor(order, device=self.device)
+        for t in (*self._kv.k, *self._kv.v):
+            t[:n, :, :width] = t[index, :, :width]
+        for t in self._row_state:
+            t[:n] = t[index]
+        self._rows[:n] = [self._rows[r] for r in order]
+        self._lens[:n] = [self._lens[r] for r in order]
+        for r, seq in enumerate(self._rows[:n]):
+            seq.row = r
+        self.stats.row_sorts += 1
 
     def _sample(self, logits: torch.Tensor) -> list[Completion]:
         """Sample one token per row (one host sync), record it, and retire finished rows."""
@@ -470,3 +520,32 @@ class SlotEngine(EngineLoop):
                 self._rows[h].row = h
         del self._rows[keep:], self._lens[keep:]
 
+
+
+def _split_cost(spans: list[int], a: int, b: int, depth: int) -> tuple[int, list[tuple[int, int, int]]]:
+    """Cheapest cut of rows ``[a, b)`` into contiguous ranges (up to ``2**depth``), cost = Σ rows × max span.
+
+    A cut must save at least an eighth of the range's cost and leave 8+ rows on each side
+    (every range is one more attention call per layer)."""
+    whole = (b - a) * max(spans[a:b])
+    if depth == 0 or b - a < 16:
+        return whole, [(a, b, max(spans[a:b]))]
+    prefix, suffix = [], [0] * (b - a)
+    m = 0
+    for s in spans[a:b]:
+        m = max(m, s)
+        prefix.append(m)
+    m = 0
+    for i in range(b - a - 1, -1, -1):
+        m = max(m, spans[a + i])
+        suffix[i] = m
+    best, cut = whole, None
+    for i in range(8, b - a - 7):
+        c = i * prefix[i - 1] + (b - a - i) * suffix[i]
+        if c < best:
+            best, cut = c, a + i
+    if cut is None or whole - best < whole / 8:
+        return whole, [(a, b, max(spans[a:b]))]
+    left, lb = _split_cost(spans, a, cut, depth - 1)
+    right, rb = _split_cost(spans, cut, b, depth - 1)
+    return left + right, lb + rb

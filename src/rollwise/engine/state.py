@@ -49,6 +49,7 @@ class SlotEngineStats(EngineStats):
     prefix_tokens_shared: int = 0  # cached positions copied between slots by fork instead of computed
     reprefill_tokens: int = 0  # of prefill_tokens: prefixes computed again (resume; fork with no sibling left)
     restored_tokens: int = 0  # cached positions resume copied back from pause(keep_cache=True) instead of computing
+    row_sorts: int = 0  # times the running rows were reordered by length (decode attention buckets)
     steps: int = 0  # step() calls that ran the model
     slots: int = 0  # max concurrent sequences
     # occupancy over time: sequences sampled at each step (the most recent 100k steps)

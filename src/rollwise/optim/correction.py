@@ -42,7 +42,7 @@ def behavior_weights(
     2.0
     """
     with torch.no_grad():
-        mask = mask.float()
+        mask = (mask > 0).float()  # a loss mask may carry weights (tree nodes): only where matters here
         log_w = (old_logprobs - behavior_logprobs) * mask  # [B, T]
         ones = torch.ones_like(log_w)
         if mode == "none":

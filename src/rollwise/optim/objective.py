@@ -46,7 +46,8 @@ class ObjectiveConfig(StrictModel):
         "vllm_importance_sampling_mode; none = off)")
     tis_cap: float | None = Field(None, gt=0, description="IS cap C (default 3 for sequence modes, 2 for token modes)")
     tis_cap_min: float = Field(0.0, ge=0, description="sequence_mask also drops sequences with Π w below this")
-    tree_adv: bool = Field(True, description="tree groups get tree advantages (tree_adv), each node trained once")
+    tree_adv: bool = Field(True, description="tree groups get tree advantages (tree_adv); a node shared by k "
+                           "leaves is trained once with weight k")
     tree_mix: float = Field(0.5, ge=0, le=1, description="tree_adv weight of the fork-relative (local) term")
 
     @model_validator(mode="before")
@@ -85,22 +86,30 @@ def assign_advantages(groups: list[RolloutGroup], cfg: ObjectiveConfig) -> dict[
 
 
 def assign_tree_advantages(group: RolloutGroup, scale: float, mix: float) -> None:
-    """``tree_adv`` on one tree group: node advantages / ``scale`` on each node's tokens; a node
-    shared by several leaves is trained in the first of them only (``Rollout.loss_mask``)."""
+    """``tree_adv`` on one tree group: node advantages / ``scale`` on each node's tokens.
+
+    A node shared by k leaves is trained once, in the first of them, with loss weight k
+    (``Rollout.loss_mask`` = k there, 0 in the other leaves): the weight its tokens would get
+    from k flat GRPO rollouts, computed once. With ``mix = 0`` and equal leaf lengths this is
+    exactly GRPO on the leaves; the local (fork-relative) term is what the tree adds."""
     tree = group.tree
     parents = {n.id: n.parent for n in tree.nodes}
     node_adv = tree_node_advantages(parents, [r.node_path[-1] for r in group.rollouts],
                                     [r.reward for r in group.rollouts], mix)
+    leaves_below: dict[int, int] = {}
+    for r in group.rollouts:
+        for node_id in r.node_path:
+            leaves_below[node_id] = leaves_below.get(node_id, 0) + 1
     trained: set[int] = set()
     for r in group.rollouts:
         advantage = [0.0] * len(r.completion_ids)
         mask = list(r.loss_mask) if r.loss_mask is not None else [1] * len(r.completion_ids)
         for node_id in r.node_path[1:]:
             node = tree.nodes[node_id]
+            weight = 0 if node_id in trained else leaves_below[node_id]
             for t in range(node.start, node.end):
                 advantage[t] = node_adv[node_id] / scale
-                if node_id in trained:
-                    mask[t] = 0
+                mask[t] *= weight
             trained.add(node_id)
         r.advantage, r.loss_mask = advantage, mask
 

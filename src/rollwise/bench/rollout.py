@@ -263,15 +263,18 @@ def _april_arm(cfg: RolloutBenchConfig, console) -> dict:
             tokens += sum(r.num_tokens for g in groups for r in g.rollouts)
             groups_done += len(groups)
             lengths += [r.num_tokens for g in groups for r in g.rollouts]
-        return {"tokens_per_second": tokens / seconds, "seconds": seconds, "group_tokens": tokens,
+        return {"tokens_per_second": tokens / seconds, "sampled_per_second": engine.stats.decode_tokens / seconds,
+                "seconds": seconds, "group_tokens": tokens,
                 "groups": groups_done, "sampled_tokens": engine.stats.decode_tokens,
-                "reprefill_tokens": engine.stats.reprefill_tokens,
+                "reprefill_tokens": engine.stats.reprefill_tokens, "restored_tokens": engine.stats.restored_tokens,
                 "median_length": statistics.median(lengths), "max_length": max(lengths)}
 
     arms = {
         "group": lambda: GroupSampler(params, decode),
         "april": lambda: AprilSampler(params, decode, AprilConfig(over_provision=cfg.april_over_provision),
                                       target=cfg.april_prompts),
+        "april_reuse_kv": lambda: AprilSampler(params, decode, AprilConfig(
+            over_provision=cfg.april_over_provision, reuse_kv=True), target=cfg.april_prompts),
     }
     runs: dict[str, list] = {name: [] for name in arms}
     with console.status("april arm") as status:
@@ -283,6 +286,8 @@ def _april_arm(cfg: RolloutBenchConfig, console) -> dict:
     return {
         "throughput_ratio": medians["april"]["tokens_per_second"] / medians["group"]["tokens_per_second"],
         "paired_ratios": [a["tokens_per_second"] / g["tokens_per_second"] for a, g in zip(runs["april"], runs["group"])],
+        "reuse_kv_throughput_ratio": (medians["april_reuse_kv"]["tokens_per_second"]
+                                      / medians["group"]["tokens_per_second"]),
         **medians,
     }
 
@@ -320,12 +325,15 @@ def _print(console, cfg: RolloutBenchConfig, out: dict) -> None:
         a = out["april"]
         table = Table(title=f"april vs group on a long-tail workload — {cfg.april_steps} steps x {cfg.april_prompts} "
                             f"groups of {cfg.num_generations}, median of {cfg.repeats}")
-        for col in ("strategy", "group tok/s", "groups", "sampled tokens", "re-prefilled", "median len", "max len"):
+        for col in ("strategy", "group tok/s", "sampled tok/s", "groups", "sampled", "re-prefilled", "restored",
+                    "median len", "max len"):
             table.add_column(col, justify="left" if col == "strategy" else "right")
-        for name in ("group", "april"):
+        for name in ("group", "april", "april_reuse_kv"):
             r = a[name]
-            table.add_row(name, f"{r['tokens_per_second']:,.0f}", str(r["groups"]), f"{r['sampled_tokens']:,}",
-                          f"{r['reprefill_tokens']:,}", f"{r['median_length']:.0f}", str(r["max_length"]))
+            table.add_row(name, f"{r['tokens_per_second']:,.0f}", f"{r['sampled_per_second']:,.0f}", str(r["groups"]),
+                          f"{r['sampled_tokens']:,}", f"{r['reprefill_tokens']:,}", f"{r['restored_tokens']:,}",
+                          f"{r['median_length']:.0f}", str(r["max_length"]))
         console.print(table)
-        console.print(f"april: throughput {a['throughput_ratio']:.2f}x group's "
-                      f"(paired runs: {', '.join(f'{x:.2f}' for x in a['paired_ratios'])})", highlight=False)
+        console.print(f"april: throughput {a['throughput_ratio']:.2f}x group's (paired runs: "
+                      f"{', '.join(f'{x:.2f}' for x in a['paired_ratios'])}); with reuse_kv "
+                      f"{a['reuse_kv_throughput_ratio']:.2f}x", highlight=False)

@@ -7,6 +7,9 @@ STAMP := $(VENV)/.installed
 .PHONY: install demo test test-all clean
 
 $(STAMP): pyproject.toml
+	# the code sandbox needs bubblewrap (apt); skipped when already installed
+	command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq bubblewrap; } \
+		|| echo "warning: bubblewrap is not installed (apt-get install -y bubblewrap); code tasks need sandbox.isolation=best_effort"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first and pinned: the CPU wheel on the machine's find-links (an unpinned torch pulls CUDA)
 	$(BIN)/pip install --quiet torch==2.13.0

@@ -11,8 +11,11 @@ Cost guards, because model text is adversarial in effect if not intent:
 - extracted answers longer than ``MAX_ANSWER_CHARS`` score 0 unparsed;
 - ``math_verify`` stops a slow ``parse``/``verify`` with ``signal.alarm``, which only works in
   the main thread (elsewhere ``signal.signal`` raises). In the main thread we pass
-  ``PARSE_TIMEOUT_S``/``VERIFY_TIMEOUT_S``; in any other thread we pass ``None`` (no timeout)
-  and rely on the next guard alone. Note the alarm replaces any SIGALRM timer the caller set;
+  ``PARSE_TIMEOUT_S``/``VERIFY_TIMEOUT_S`` (the alarm replaces any SIGALRM timer the caller
+  set). In any other thread (a scorer running beside generation) ``math_answer`` sends the
+  check to a helper process started with ``spawn`` — there it runs on the helper's main thread
+  with the same alarms — and waits at most ``OFF_THREAD_TIMEOUT_S``; a helper that overruns
+  (C code the alarm cannot interrupt) is killed and replaced, and the answer scores 0;
 - before ``verify``, the parsed expression is rejected if it holds a power, factorial or
   binomial whose argument could be huge (``9^{9^{9^9}}`` would otherwise run until killed).
 """
@@ -20,6 +23,7 @@ Cost guards, because model text is adversarial in effect if not intent:
 from __future__ import annotations
 
 import math
+import multiprocessing
 import re
 import threading
 
@@ -35,6 +39,7 @@ PARSE_TIMEOUT_S = 3
 VERIFY_TIMEOUT_S = 3
 MAX_EXPONENT = 10_000  # largest power / factorial argument we let sympy evaluate
 MAX_SYMPY_NODES = 500
+OFF_THREAD_TIMEOUT_S = 2 * PARSE_TIMEOUT_S + VERIFY_TIMEOUT_S + 2  # parse gold and answer, verify, slack
 
 _MARKER = re.compile(r"####|answer is", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
@@ -141,6 +146,68 @@ def check(completion: str, gold: str) -> Score:
     return Score(0.0, f"final answer {answer[:40]!r} is not equal to {gold[:40]!r}")
 
 
+def _serve(conn) -> None:
+    """The helper process: ``check`` requests on its main thread (so math_verify's alarms work)."""
+    conn.send("ready")
+    while True:
+        try:
+            completion, gold = conn.recv()
+        except EOFError:
+            return
+        try:
+            score = check(completion, gold)
+            conn.send((float(score), score.reason))
+        except BaseException as err:  # TimeoutException is a BaseException
+            conn.send((0.0, f"could not check the answer ({type(err).__name__})"))
+
+
+class _OffThreadChecker:
+    """``check`` in a helper process with a hard deadline; used from threads other than the main one."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._proc = self._conn = None
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold torch's threads
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="math-answer-checker")
+        self._proc.start()
+        child.close()
+        if not self._conn.poll(120) or self._conn.recv() != "ready":
+            self._stop()
+            raise RuntimeError("math_answer helper process did not start")
+
+    def _stop(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join()
+            self._conn.close()
+        self._proc = self._conn = None
+
+    def check(self, completion: str, gold: str, timeout: float) -> Score:
+        with self._lock:
+            if self._proc is None or not self._proc.is_alive():
+                self._stop()
+                self._start()
+            self._conn.send((completion, gold))
+            if self._conn.poll(timeout):
+                value, reason = self._conn.recv()
+                return Score(value, reason)
+            self._stop()  # still computing: kill it, the next call starts a fresh one
+            return Score(0.0, f"checking the answer took longer than {timeout:g}s")
+
+
+_off_thread = _OffThreadChecker()
+
+
+def check_with_timeout(completion: str, gold: str) -> Score:
+    """``check`` with a time limit in any thread (see the module docstring)."""
+    if _in_main_thread():
+        return check(completion, gold)
+    return _off_thread.check(completion, gold, OFF_THREAD_TIMEOUT_S)
+
+
 def math_answer(prompts, completions, answer, **_) -> list[float]:
     """TRL-style reward: 1.0 when a completion's final answer equals ``answer``, else 0.0 and why.
 
@@ -153,7 +220,7 @@ def math_answer(prompts, completions, answer, **_) -> list[float]:
             if gold is None:
                 scores.append(Score(0.0, "no reference answer"))
             else:
-                scores.append(check(as_text(completion), str(gold)))
+                scores.append(check_with_timeout(as_text(completion), str(gold)))
         except (Exception, TimeoutException) as err:  # TimeoutException is a BaseException
             scores.append(Score(0.0, f"could not check the answer ({type(err).__name__})"))
     return scores

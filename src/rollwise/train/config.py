@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rollwise.config import StrictModel, apply_overrides, load_yaml, validate
+from rollwise.filter.sandbox.config import SandboxConfig
 from rollwise.generate import STRATEGIES
 from rollwise.generate.april import AprilConfig
 from rollwise.generate.latr import LatrConfig
@@ -77,6 +78,8 @@ class RunConfig(StrictModel):
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=ArithConfig)
     rewards: list[RewardConfig] | None = Field(None, description="reward functions; null = the task's own")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig,
+                                   description="how model-written code runs (code tasks and code_* rewards)")
     sft: SFTConfig = Field(default_factory=SFTConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)

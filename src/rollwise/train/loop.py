@@ -21,6 +21,7 @@ from rollwise.engine import make_engine
 from rollwise.engine.sampling import SamplingParams
 from rollwise.eval.accuracy import EvalResult, evaluate
 from rollwise.filter.registry import resolve_rewards
+from rollwise.filter.sandbox import configure as configure_sandbox
 from rollwise.filter.rewards import score_groups
 from rollwise.generate import build_generator
 from rollwise.model.load import encode_prompt, load_model_and_tokenizer
@@ -74,6 +75,7 @@ class Trainer:
         if cfg.model.threads:
             torch.set_num_threads(cfg.model.threads)
         self.run_dir = Path(cfg.output_dir) / cfg.name
+        configure_sandbox(cfg.sandbox)  # before the task: code tasks start the sandbox's workers
         self.task = cfg.task.build(cfg.seed)
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.seed)
         self.reward_fns, self.judge = resolve_rewards(cfg.rewards, self.task)

@@ -1,0 +1,246 @@
+"""Code graders: run a completion's program in the sandbox against tests, score pass/fail.
+
+Four ways to judge a program, each run through ``rollwise.filter.sandbox`` (never in-process):
+
+- **stdin/stdout cases** (``io_verifier``; Agnostics, "Learning to Code in Any Programming
+  Language"): one run per case with the case's input on stdin; the case passes when stdout
+  equals the expected output after stripping trailing whitespace on each line (and trailing
+  blank lines). Expected outputs never enter the sandbox.
+- **call cases**: expressions such as ``f(3)`` evaluated after the program in one run, each
+  under its own timer; the printed ``repr`` is compared outside the sandbox with the expected
+  value (``ast.literal_eval``), so expected values stay hidden from the program too.
+- **assert tests** (MBPP style ``assert f(3) == 9``): an assert whose right side is a literal is
+  split into a call case (hidden expected value); any other assert runs as its own program and
+  passes when it exits 0 — that assert is then visible to the code under test.
+- **exit code** (HumanEval style): program + test code; passes when it exits 0.
+
+Scoring (``test_threshold``; "Verification Limits Code LLM Training"): with ``k`` of ``n`` tests
+passed, ``r = 1[k/n >= τ]`` (τ = ``threshold``, 1.0 = all-or-nothing by default; the paper
+suggests .8 for synthetic tests), or ``r = k/n`` with ``partial=True``. A ``pass_threshold``
+dataset column sets τ per row. Reasons name the first failing test.
+
+Departures: Python only (Agnostics' per-language YAML ``file``/``compile``/``run`` is not
+implemented); no LLM soft verifier for problems with fewer than 3 tests; the call and assert
+split compares values with ``==`` after a ``repr``/``literal_eval`` round trip, so results that
+are not literals (custom objects) fail a split assert.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+from rollwise.filter.rewards import as_text
+from rollwise.filter.sandbox import Job, default_pool
+from rollwise.types import Score
+
+PER_TEST_TIMEOUT_S = 2.0
+MAX_CODE_CHARS = 20_000
+SENTINEL = "\x00rollwise-case"
+_FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
+
+# evaluates each call under its own ITIMER_REAL, prints one sentinel line per call
+_CALL_HARNESS = '''
+import signal as _rw_signal
+class _RwTimeout(BaseException):
+    pass
+def _rw_alarm(*_):
+    raise _RwTimeout()
+_rw_signal.signal(_rw_signal.SIGALRM, _rw_alarm)
+for _rw_i, _rw_call in enumerate({calls!r}):
+    _rw_signal.setitimer(_rw_signal.ITIMER_REAL, {timeout!r})
+    try:
+        _rw_out = "ok " + repr(eval(_rw_call))
+    except _RwTimeout:
+        _rw_out = "timeout"
+    except BaseException as _rw_err:
+        _rw_out = "error " + type(_rw_err).__name__
+    finally:
+        _rw_signal.setitimer(_rw_signal.ITIMER_REAL, 0)
+    print({sentinel!r}, _rw_i, _rw_out, flush=True)
+'''
+
+
+def extract_code(completion) -> str:
+    """The program in a completion: the last fenced code block if there is one, else the text."""
+    text = as_text(completion)
+    blocks = _FENCE.findall(text)
+    return blocks[-1] if blocks else text
+
+
+def normalize_output(text: str) -> str:
+    """Trailing whitespace stripped per line, trailing blank lines dropped (io_verifier)."""
+    return "\n".join(line.rstrip() for line in text.rstrip().splitlines())
+
+
+def threshold_score(passed: int, total: int, threshold: float = 1.0, partial: bool = False,
+                    first_failure: str = "") -> Score:
+    """``1[passed/total >= threshold]`` (or the fraction with ``partial``), with a reason.
+
+    >>> threshold_score(4, 5, 1.0), threshold_score(4, 5, 0.8), threshold_score(4, 5, partial=True)
+    (0.0, 1.0, 0.8)
+    """
+    if total == 0:
+        return Score(0.0, "no tests to run")
+    fraction = passed / total
+    value = fraction if partial else float(fraction >= threshold - 1e-12)
+    reason = "" if passed == total else f"passed {passed}/{total} tests; first failure: {first_failure}"
+    return Score(value, reason)
+
+
+@dataclass
+class _Case:
+    """One test of one completion: a job to run, and how to judge its result."""
+
+    job: Job | None
+    judge: object  # callable(ExecResult) -> str ('' = passed, else why it failed)
+    label: str
+
+
+def _describe(res) -> str:
+    if res.timed_out or res.reason:
+        return res.reason or "timed out"
+    tail = res.stderr.strip().splitlines()
+    return f"exit status {res.returncode}" + (f" ({tail[-1][:120]})" if tail else "")
+
+
+def _io_cases(code: str, cases: list[dict], timeout_s: float) -> list[_Case]:
+    out = []
+    for i, case in enumerate(cases):
+        expected = normalize_output(str(case["output"]))
+
+        def judge(res, expected=expected):
+            if res.returncode != 0 or res.timed_out or res.reason:
+                return _describe(res)
+            got = normalize_output(res.stdout)
+            return "" if got == expected else f"wrong output {got[:60]!r}"
+
+        out.append(_Case(Job(code, str(case.get("input", "")), timeout_s), judge, f"case {i}"))
+    return out
+
+
+def call_cases(code: str, calls: list[str], expected: list, timeout_s: float) -> list[_Case]:
+    """One run evaluating every call; one ``_Case`` per call sharing that run's result."""
+    harness = _CALL_HARNESS.format(calls=list(calls), timeout=float(timeout_s), sentinel=SENTINEL)
+    job = Job(code + "\n" + harness, "", timeout_s * len(calls) + 1.0)
+    cases = []
+    for i, (call, want) in enumerate(zip(calls, expected)):
+
+        def judge(res, i=i, want=want):
+            lines = [ln for ln in res.stdout.splitlines() if ln.startswith(SENTINEL + f" {i} ")]
+            if not lines:
+                return _describe(res) if not res.ok else "produced no result"
+            status = lines[-1][len(SENTINEL) + len(str(i)) + 2 :]
+            if not status.startswith("ok "):
+                return status
+            try:
+                got = ast.literal_eval(status[3:])
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                return f"returned a non-literal {status[3:60]!r}"
+            return "" if got == want else f"returned {status[3:60]}"
+
+        cases.append(_Case(job if i == 0 else None, judge, call))
+    return cases
+
+
+def split_assert(test: str) -> tuple[str, object] | None:
+    """``"assert f(3) == 9"`` → ``("f(3)", 9)`` when the right side is a literal, else None."""
+    try:
+        tree = ast.parse(test.strip())
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+        return None
+    cmp = tree.body[0].test
+    if not (isinstance(cmp, ast.Compare) and len(cmp.ops) == 1 and isinstance(cmp.ops[0], ast.Eq)):
+        return None
+    try:
+        return ast.unparse(cmp.left), ast.literal_eval(cmp.comparators[0])
+    except (ValueError, SyntaxError, TypeError, RecursionError):
+        return None
+
+
+def _assert_cases(code: str, tests: list[str], setup: str, timeout_s: float) -> list[_Case]:
+    prelude = (setup + "\n" if setup else "") + code
+    split = [split_assert(t) for t in tests]
+    hidden = [(t, s) for t, s in zip(tests, split) if s is not None]
+    cases = call_cases(prelude, [s[0] for _, s in hidden], [s[1] for _, s in hidden], timeout_s) if hidden else []
+    for test, s in zip(tests, split):
+        if s is None:
+            cases.append(_Case(Job(prelude + "\n" + test + "\n", "", timeout_s), lambda r: "" if r.ok else _describe(r),
+                               test[:60]))
+    return cases
+
+
+def run_cases(cases_per_completion: list[list[_Case]], threshold: float | list, partial: bool) -> list[Score]:
+    """Run every job of every completion in parallel through the pool, then score each completion."""
+    jobs = [c.job for cases in cases_per_completion for c in cases if c.job is not None]
+    results = iter(default_pool().map(jobs)) if jobs else iter(())
+    scores = []
+    for k, cases in enumerate(cases_per_completion):
+        tau = threshold[k] if isinstance(threshold, list) else threshold
+        passed, first_failure, last = 0, "", None
+        for case in cases:
+            if case.job is not None:
+                last = next(results)
+            why = case.judge(last)
+            passed += not why
+            if why and not first_failure:
+                first_failure = f"{case.label[:60]}: {why}"
+        scores.append(threshold_score(passed, len(cases), 1.0 if tau is None else float(tau), partial, first_failure))
+    return scores
+
+
+def _grade(completions, build, threshold, partial) -> list[float]:
+    """Build each completion's cases (bad ones score 0 with a reason), run them, score them."""
+    all_cases, early = [], {}
+    for k, completion in enumerate(completions):
+        code = extract_code(completion)
+        if not code.strip():
+            early[k] = Score(0.0, "no code in the completion")
+        elif len(code) > MAX_CODE_CHARS:
+            early[k] = Score(0.0, f"program longer than {MAX_CODE_CHARS} characters")
+        try:
+            all_cases.append([] if k in early else build(k, code))
+        except Exception as err:  # a malformed test row is the data's fault; still never raise
+            early[k] = Score(0.0, f"could not build the tests ({type(err).__name__}: {err})")
+            all_cases.append([])
+    scores = run_cases(all_cases, threshold, partial)
+    return [early.get(k, s) for k, s in enumerate(scores)]
+
+
+def _taus(pass_threshold, n, default):
+    return [default if t is None else t for t in pass_threshold] if pass_threshold is not None else [default] * n
+
+
+def code_io(prompts, completions, io_cases, pass_threshold=None, threshold=1.0, partial=False,
+            timeout_s=PER_TEST_TIMEOUT_S, **_) -> list[float]:
+    """stdin/stdout cases (``io_verifier``): ``io_cases`` is a list of ``{"input", "output"}`` per row.
+
+    >>> code_io(["p"], ["print(int(input()) * 2)"], [[{"input": "3", "output": "6"}]])  # doctest: +SKIP
+    [1.0]
+    """
+    return _grade(completions, lambda k, code: _io_cases(code, io_cases[k], timeout_s),
+                  _taus(pass_threshold, len(completions), threshold), partial)
+
+
+
+def code_asserts(prompts, completions, tests, test_setup=None, pass_threshold=None, threshold=1.0, partial=False,
+                 timeout_s=PER_TEST_TIMEOUT_S, **_) -> list[float]:
+    """MBPP-style assert tests: ``tests`` is a list of ``assert ...`` lines per row."""
+    setups = test_setup or [""] * len(completions)
+    return _grade(completions, lambda k, code: _assert_cases(code, list(tests[k]), setups[k] or "", timeout_s),
+                  _taus(pass_threshold, len(completions), threshold), partial)
+
+
+def code_exit(prompts, completions, test, entry_point=None, timeout_s=PER_TEST_TIMEOUT_S * 5, **_) -> list[float]:
+    """HumanEval-style: prompt + completion + ``test`` (+ ``check(entry_point)``) must exit 0."""
+
+    def build(k, code):
+        fenced = bool(_FENCE.search(as_text(completions[k])))
+        program = code if fenced else as_text(prompts[k]) + as_text(completions[k])  # the body continues the prompt
+        program += "\n\n" + test[k] + (f"\ncheck({entry_point[k]})\n" if entry_point is not None else "\n")
+        return [_Case(Job(program, "", timeout_s), lambda r: "" if r.ok else _describe(r), "test program")]
+
+    return _grade(completions, build, 1.0, False)

@@ -16,6 +16,22 @@ import typer
 from rich.console import Console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL with verifiable rewards, built around the rollout.")
+
+
+@app.callback()
+def _log_setup() -> None:
+    """rollwise's own notices (what the sandbox detected, an engine fallback) reach the terminal."""
+    import logging
+
+    from rich.logging import RichHandler
+
+    log = logging.getLogger("rollwise")
+    if not log.handlers:
+        log.addHandler(RichHandler(console=Console(stderr=True), show_time=False, show_path=False))
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 bench_app = typer.Typer(no_args_is_help=True, help="Side-by-side benchmarks (ratios measured in one run).")
 app.add_typer(bench_app, name="bench")
 console = Console()

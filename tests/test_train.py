@@ -163,14 +163,15 @@ def test_thirty_rl_steps_raise_mean_reward(tmp_path):
     cfg = load_run_config(None, [
         f"output_dir={tmp_path}", "name=learn", "task.max_digits=2", "task.eval_size=64", "sft.steps=400",
         "sft.batch_size=32", "rollout.prompts_per_step=16", "rollout.num_generations=8", "rollout.max_new_tokens=40",
-        "optim.lr=1e-4", "optim.micro_batch_size=128", "train.eval_samples=8", "model.threads=2",
+        "optim.lr=1e-4", "optim.micro_batch_size=128", "train.eval_samples=8", "model.threads=1",
     ])
     trainer = Trainer(cfg)
     trainer.prepare()
     before = trainer.evaluate().pass_at[1]
     rewards = [m["reward/mean"] for m in run_steps(trainer, 30)]
     after = trainer.evaluate().pass_at[1]
-    # measured on this machine: probe pass@1 0.387 -> 0.484 (seed 0)
+    # measured on this machine with 2 threads: probe pass@1 0.387 -> 0.484 (seed 0); one thread (used here so a
+    # busy neighbour cannot slow it by oversubscription) sums in another order, so its numbers differ slightly
     assert after > before + 0.05, (before, after, rewards)
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10, rewards
 

@@ -13,26 +13,10 @@ from rollwise.engine.engine import Request
 from rollwise.engine.sampling import SamplingParams
 from rollwise.engine.slots import SlotEngine
 from rollwise.model.logprobs import token_logprobs_and_entropy
-from rollwise.model.tiny import build_tiny
 
 TEXTS = ["12+3=", "hello world\n", "The answer is 42.", "zz top"]
 ATOL = 1e-4
 MAX_NEW = 24
-
-
-def redraw(model, std=0.15, seed=0):
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(seed)
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, std, generator=gen)
-    return model.eval()
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    model, tok = build_tiny("tiny", seed=0)
-    return redraw(model), tok
 
 
 @pytest.fixture(scope="module")

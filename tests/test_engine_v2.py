@@ -15,6 +15,7 @@ import random
 
 import pytest
 import torch
+from tinymodel import redraw
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rollwise.engine.engine import Engine, Request
@@ -22,25 +23,9 @@ from rollwise.engine.llama import UnsupportedModelError
 from rollwise.engine.sampling import SamplingParams
 from rollwise.engine.slots import SlotEngine, child_seed
 from rollwise.model.logprobs import token_logprobs_and_entropy
-from rollwise.model.tiny import build_tiny
 
 TEXTS = ["12+3=", "hello world\n", "a", "The answer is 42.", "xyz", "99*9=", "zz top", "q"]
 ATOL = 1e-4
-
-
-def redraw(model, std=0.15, seed=0):
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(seed)
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, std, generator=gen)
-    return model.eval()
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    model, tok = build_tiny("tiny", seed=0)
-    return redraw(model), tok
 
 
 @pytest.fixture(scope="module")

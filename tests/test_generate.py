@@ -17,28 +17,12 @@ from rollwise.generate.april import AprilConfig, AprilSampler
 from rollwise.generate.forest import Forest
 from rollwise.generate.latr import LatrConfig, LatrSampler, jaccard
 from rollwise.generate.tree import TreeConfig, TreeSampler, repeats
-from rollwise.model.tiny import build_tiny
 from rollwise.train.config import load_run_config
 from rollwise.train.loop import Trainer
 from rollwise.types import Prompt
 
 TEXTS = ["12+3=", "hello world", "a", "99*9=", "zz top", "q"]
 G = 8
-
-
-def redraw(model, std=0.15, seed=0):
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(seed)
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, std, generator=gen)
-    return model.eval()
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    model, tok = build_tiny("tiny", seed=0)
-    return redraw(model), tok
 
 
 @pytest.fixture(scope="module")

@@ -122,9 +122,9 @@ def eval_(
 def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives | strategies | all")] = "all"):
     """What this install knows: tasks, rewards, objectives, rollout strategies."""
     from rollwise.filter.registry import builtin_rewards
+    from rollwise.generate import STRATEGIES
     from rollwise.optim.objective import PRESETS
     from rollwise.tasks.registry import TASKS
-    from rollwise.generate import STRATEGIES
 
     tables = {
         "tasks": {name: (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "" for name, cls in TASKS.items()},

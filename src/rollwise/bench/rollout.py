@@ -138,8 +138,8 @@ def _warm_start(cfg: RolloutBenchConfig, tmp: Path, console) -> Path:
 def _sampling_arms(cfg: RolloutBenchConfig, warm: Path, console) -> dict:
     from rollwise.engine.sampling import SamplingParams
     from rollwise.engine.slots import SlotEngine
-    from rollwise.filter.rewards import score_groups
     from rollwise.filter.registry import resolve_rewards
+    from rollwise.filter.rewards import score_groups
     from rollwise.generate.group import GroupSampler
     from rollwise.generate.latr import LatrSampler
     from rollwise.generate.tree import TreeSampler

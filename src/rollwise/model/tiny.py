@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, processors
-from transformers import PreTrainedTokenizerFast, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 CHARS = string.digits + string.ascii_letters + string.punctuation + " \n"

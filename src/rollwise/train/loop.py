@@ -21,8 +21,8 @@ from rollwise.engine import make_engine
 from rollwise.engine.sampling import SamplingParams
 from rollwise.eval.accuracy import EvalResult, evaluate
 from rollwise.filter.registry import resolve_rewards
-from rollwise.filter.sandbox import configure as configure_sandbox
 from rollwise.filter.rewards import score_groups
+from rollwise.filter.sandbox import configure as configure_sandbox
 from rollwise.generate import build_generator
 from rollwise.model.load import encode_prompt, load_model_and_tokenizer
 from rollwise.optim.batch import build_batch

@@ -15,6 +15,19 @@
   same ``scale_rewards`` divisor as flat groups (group std of the leaf rewards, batch std,
   or none) so tree and group runs share a learning rate.
 
+- ``rloo``: A_i = r_i − mean_{j≠i} r_j, the leave-one-out baseline ("Buy 4 REINFORCE Samples,
+  Get a Baseline for Free!", Kool et al., 2019; "Back to Basics: Revisiting REINFORCE Style
+  Optimization for Learning from Human Feedback in LLMs", Ahmadian et al., 2024).
+- ``reinforce_pp``: REINFORCE++-baseline ("REINFORCE++: A Simple and Efficient Approach for
+  Aligning Large Language Models", Hu, 2025): subtract the group mean, then whiten over every
+  token of the batch (OpenRLHF's masked whitening: each rollout's value counts once per token).
+- ``median``: MC-GRPO ("MC-GRPO: Median-Centered GRPO for small-rollout RL"): A = r − median
+  of the group; the first rollout equal to the median is the pivot, with advantage 0 and no
+  gradient (sample G+1 to train on G). No std scaling.
+- ``drpo``: DRPO ("Decoupled Reward Policy Optimization"): with p = |P|/G the share of correct
+  rollouts, wrong ones get −p and correct ones (1 − p)·|P|·softmax_P(−|y|/mean_P|y|), so a long
+  correct answer is never pushed below zero by a length preference and Σ A = 0.
+
 std is Bessel-corrected (METHODS.md conventions); a group of one has std 0 and advantage 0.
 """
 
@@ -89,3 +102,80 @@ def tree_node_advantages(parents: dict[int, int | None], leaf_nodes: list[int], 
     root = next(n for n, p in parents.items() if p is None)
     return {n: (1 - mix) * (v - value[root]) + mix * (v - value[parents[n]])
             for n, v in value.items() if n != root}
+
+
+def _groups(group_ids: torch.Tensor) -> list[torch.Tensor]:
+    """Indices of each group's members, in order of first appearance."""
+    seen: dict[int, list[int]] = {}
+    for i, g in enumerate(group_ids.tolist()):
+        seen.setdefault(g, []).append(i)
+    return [torch.tensor(ix, dtype=torch.long) for ix in seen.values()]
+
+
+def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """A_i = r_i − mean of the other members of its group (0 in a group of one).
+
+    >>> rloo_advantages(torch.tensor([1., 0, 0, 0]), torch.zeros(4, dtype=torch.long))
+    tensor([ 1.0000, -0.3333, -0.3333, -0.3333])
+    """
+    rewards = rewards.double()
+    out = torch.zeros_like(rewards)
+    for ix in _groups(group_ids):
+        r = rewards[ix]
+        if len(ix) > 1:
+            out[ix] = r - (r.sum() - r) / (len(ix) - 1)
+    return out.to(torch.get_default_dtype())
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, token_counts: torch.Tensor) -> torch.Tensor:
+    """Group-mean-centred rewards whitened over the batch's tokens (mean and Bessel std, each
+    rollout weighted by its ``token_counts``).
+
+    >>> reinforce_pp_advantages(torch.tensor([1., 0, 1, 1]), torch.tensor([0, 0, 1, 1]), torch.ones(4))
+    tensor([ 1.2247, -1.2247,  0.0000,  0.0000])
+    """
+    rewards = rewards.double()
+    mean, _ = group_stats(rewards, group_ids)
+    centred = rewards - mean
+    w = token_counts.double()
+    n = w.sum()
+    if n < 2:
+        return torch.zeros_like(centred).to(torch.get_default_dtype())
+    mu = (centred * w).sum() / n
+    var = (w * (centred - mu) ** 2).sum() / (n - 1)
+    return ((centred - mu) / (var.sqrt() + EPS)).to(torch.get_default_dtype())
+
+
+def median_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A = r − group median, pivot [N] bool): the first member equal to the median is the pivot.
+
+    >>> median_advantages(torch.tensor([.2, .9, .4]), torch.zeros(3, dtype=torch.long))
+    (tensor([-0.2000,  0.5000,  0.0000]), tensor([False, False,  True]))
+    """
+    out = torch.zeros_like(rewards, dtype=torch.get_default_dtype())
+    pivot = torch.zeros(len(rewards), dtype=torch.bool)
+    for ix in _groups(group_ids):
+        r = rewards[ix].double()
+        med = r.median()  # the lower middle value: always one of the samples
+        out[ix] = (r - med).to(out.dtype)
+        pivot[ix[int((r == med).nonzero()[0])]] = True
+    return out, pivot
+
+
+def drpo_advantages(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor,
+                    threshold: float = 0.5) -> torch.Tensor:
+    """DRPO's decoupled advantages (correct = reward > ``threshold``).
+
+    >>> drpo_advantages(torch.tensor([1., 1, 0]), torch.tensor([100., 300, 50]), torch.zeros(3, dtype=torch.long))
+    tensor([ 0.4874,  0.1793, -0.6667])
+    """
+    out = torch.zeros(len(rewards), dtype=torch.float64)
+    for ix in _groups(group_ids):
+        correct = rewards[ix] > threshold
+        n_pos, size = int(correct.sum()), len(ix)
+        p = n_pos / size
+        out[ix[~correct]] = -p
+        if n_pos:
+            pos_len = lengths[ix][correct].double()
+            out[ix[correct]] = (1 - p) * n_pos * torch.softmax(-pos_len / pos_len.mean(), 0)
+    return out.to(torch.get_default_dtype())

@@ -1,11 +1,17 @@
-"""An objective = advantage estimator + ratio + clip + aggregation + KL term.
+"""An objective = advantage estimator (+ shaping) + ratio form + clip/gate + weights +
+aggregation + KL term.
 
 Methods are presets of one general form, not branches of a switch: ``grpo`` is group
 scaling + symmetric clip + ``seq_mean_token_mean``; ``dr_grpo`` drops the std scaling and
-the 1/|y| term; ``ppo_clip`` is the clipped surrogate on group-baseline advantages with
-``token_mean``. A preset only fills the fields a recipe leaves unset, and the resolved
-values are what ``config.yaml`` records. Names follow TRL's ``GRPOConfig`` where it has one
-(``scale_rewards``, ``epsilon``, ``epsilon_high``, ``beta``, ``mask_truncated_completions``).
+the 1/|y| term; ``dapo`` is clip-higher + ``token_mean`` + overlong shaping; ``gspo`` the
+sequence-level ratio with the paper's tiny clip; ``cispo`` and ``sapo`` swap the clip for a
+clipped IS weight or a soft gate; ``rloo``, ``reinforce_pp_baseline``, ``mc_grpo``, ``drpo``
+swap the advantage estimator; ``ace`` and ``novelty_sharpen`` shape advantages; ``minpro``
+weights tokens by the prefix's minimum ratio; ``high_entropy_steps`` keeps the high-entropy
+tokens. A preset only fills the fields a recipe leaves unset, and the resolved values are
+what ``config.yaml`` records. Names follow TRL's ``GRPOConfig`` where it has one
+(``scale_rewards``, ``epsilon``, ``epsilon_high``, ``beta``, ``mask_truncated_completions``,
+``importance_sampling_level``, ``top_entropy_quantile``).
 
 Two parts compose with every preset: the advantage estimator switches to ``tree_adv`` for
 groups that carry a tree (``rollout.strategy=tree|latr``; ``tree_adv=false`` keeps flat
@@ -20,24 +26,75 @@ import torch
 from pydantic import Field, model_validator
 
 from rollwise.config import StrictModel
-from rollwise.optim.advantages import ScaleRewards, group_advantages, reward_scale, tree_node_advantages
+from rollwise.optim.advantages import (
+    ScaleRewards,
+    drpo_advantages,
+    group_advantages,
+    median_advantages,
+    reinforce_pp_advantages,
+    reward_scale,
+    rloo_advantages,
+    tree_node_advantages,
+)
 from rollwise.optim.correction import TISMode, behavior_weights
-from rollwise.optim.losses import KLEstimator, LossAgg, aggregate, kl_penalty, ppo_clip_loss
+from rollwise.optim.losses import (
+    ISLevel,
+    KLEstimator,
+    LossAgg,
+    aggregate,
+    cispo_loss,
+    clipped_surrogate,
+    entropy_mask,
+    importance_ratio,
+    kl_penalty,
+    prefix_min_ratio,
+    sapo_loss,
+)
 from rollwise.types import RolloutGroup
 
 PRESETS: dict[str, dict] = {
     "grpo": {"scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
     "dr_grpo": {"scale_rewards": "none", "loss_agg": "seq_mean_token_sum_norm"},
-    "ppo_clip": {"scale_rewards": "group", "loss_agg": "token_mean"},
+    "ppo_clip": {"scale_rewards": "group", "loss_agg": "token_mean", "dual_clip": 3.0},
+    "dapo": {"scale_rewards": "group", "loss_agg": "token_mean", "epsilon_high": 0.28, "overlong_shaping": True},
+    "gspo": {"scale_rewards": "group", "loss_agg": "seq_mean_token_mean", "importance_sampling_level": "sequence",
+             "epsilon": 3e-4, "epsilon_high": 4e-4},
+    "rloo": {"advantage": "rloo", "scale_rewards": "none", "loss_agg": "seq_mean_token_mean"},
+    "reinforce_pp_baseline": {"advantage": "reinforce_pp", "scale_rewards": "none", "loss_agg": "token_mean"},
+    "cispo": {"policy_loss": "cispo", "scale_rewards": "group", "loss_agg": "token_mean", "epsilon_high": 0.28},
+    "mc_grpo": {"advantage": "median", "scale_rewards": "none", "loss_agg": "seq_mean_token_mean"},
+    "drpo": {"advantage": "drpo", "scale_rewards": "none", "loss_agg": "seq_mean_token_mean"},
+    "sapo": {"policy_loss": "sapo", "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
+    "minpro": {"prefix_ratio": True, "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
+    "high_entropy_steps": {"top_entropy_quantile": 0.2, "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
+    "ace": {"shaping": ["ace"], "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
+    "novelty_sharpen": {"shaping": ["novelty_sharpen"], "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
 }
+Advantage = Literal["group", "rloo", "reinforce_pp", "median", "drpo"]
 
 
 class ObjectiveConfig(StrictModel):
-    method: Literal["grpo", "dr_grpo", "ppo_clip"] = Field("grpo", description="preset of the fields below")
+    method: Literal[tuple(PRESETS)] = Field("grpo", description="preset of the fields below (`rollwise list objectives`)")
+    advantage: Advantage = Field("group", description="estimator: group (GRPO, with scale_rewards), rloo, "
+                                 "reinforce_pp (REINFORCE++-baseline), median (MC-GRPO: sample G+1), drpo")
+    shaping: list[Literal["ace", "novelty_sharpen"]] = Field([], description="advantage shaping after the estimator")
     scale_rewards: ScaleRewards | None = Field(None, description="advantage divisor: group std, batch std, or none")
     loss_agg: LossAgg | None = Field(None, description="how per-token losses reduce to a scalar")
+    policy_loss: Literal["ppo", "cispo", "sapo"] = Field(
+        "ppo", description="ppo: clipped surrogate; cispo: clipped IS weight x log-prob; sapo: soft gate")
+    importance_sampling_level: ISLevel = Field("token", description="ratio per token, per sequence (GSPO) or "
+                                               "sequence_token (GSPO-token)")
     epsilon: float = Field(0.2, ge=0, description="lower clip: ratio >= 1 - epsilon")
     epsilon_high: float | None = Field(None, ge=0, description="upper clip (DAPO clip-higher); default = epsilon")
+    dual_clip: float | None = Field(None, gt=1, description="dual-clip PPO: negative-advantage loss at most -c*A")
+    sapo_tau_pos: float = Field(1.0, gt=0, description="sapo gate temperature where A > 0")
+    sapo_tau_neg: float = Field(1.05, gt=0, description="sapo gate temperature where A < 0")
+    prefix_ratio: bool = Field(False, description="MinPRO: weight tokens by the prefix's minimum ratio (cap 2)")
+    top_entropy_quantile: float = Field(1.0, gt=0, le=1, description="train only the top-q entropy tokens (TRL)")
+    overlong_shaping: bool = Field(False, description="DAPO soft overlong punishment added to the reward "
+                                   "(cache = max_new_tokens/5)")
+    kl_in: Literal["loss", "reward"] = Field("loss", description="KL as a loss term (beta*k) or a per-token "
+                                             "reward penalty (-beta*k1 on the advantage)")
     beta: float = Field(0.0, ge=0, description="KL coefficient against the frozen reference (0 = no reference model)")
     kl_estimator: KLEstimator = Field("k3", description="k1 | k2 | k3 estimator of KL(policy || reference)")
     mask_truncated_completions: bool = Field(False, description="rollouts cut at max_new_tokens carry no gradient")
@@ -60,13 +117,20 @@ class ObjectiveConfig(StrictModel):
                 data["tis_cap"] = 2.0 if str(data.get("tis_mode", "")).startswith("token") else 3.0
         return data
 
+    @property
+    def needs_reference(self) -> bool:
+        """A frozen reference model is needed: KL (beta > 0) or ACE's confidence shift."""
+        return self.beta > 0 or "ace" in self.shaping
+
 
 def assign_advantages(groups: list[RolloutGroup], cfg: ObjectiveConfig) -> dict[str, float]:
     """Set each rollout's per-token advantage: its sequence advantage on every token, or for
     tree groups (``cfg.tree_adv``) each node's tree advantage on that node's tokens."""
-    rewards = torch.tensor([r.reward for g in groups for r in g.rollouts], dtype=torch.float64)
+    rollouts = [r for g in groups for r in g.rollouts]
+    rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)
     group_ids = torch.tensor([gi for gi, g in enumerate(groups) for _ in g.rollouts])
-    adv = group_advantages(rewards, group_ids, cfg.scale_rewards).tolist()
+    adv, excluded, metrics = sequence_advantages(rollouts, rewards, group_ids, cfg)
+    adv = adv.tolist()
     scale = reward_scale(rewards, group_ids, cfg.scale_rewards).tolist()
     i = 0
     for g in groups:
@@ -74,15 +138,40 @@ def assign_advantages(groups: list[RolloutGroup], cfg: ObjectiveConfig) -> dict[
         if g.tree is not None and cfg.tree_adv:
             assign_tree_advantages(g, scale[i] if n else 1.0, cfg.tree_mix)
         else:
-            for r, a in zip(g.rollouts, adv[i : i + n]):
+            for r, a, out in zip(g.rollouts, adv[i : i + n], excluded[i : i + n]):
                 r.advantage = [a] * len(r.completion_ids)
+                if out:  # MC-GRPO's pivot: no gradient
+                    r.loss_mask = [0] * len(r.completion_ids)
         i += n
     zero = sum(1 for g in groups if len({r.reward for r in g.rollouts}) <= 1)
     token_adv = [abs(a) for g in groups for r in g.rollouts
                  for a, m in zip(r.advantage, r.loss_mask or [1] * len(r.advantage)) if m]  # trained tokens
-    return {"advantage/abs_mean": sum(map(abs, adv)) / max(len(adv), 1),
+    return metrics | {"advantage/abs_mean": sum(map(abs, adv)) / max(len(adv), 1),
             "advantage/token_abs_mean": sum(token_adv) / max(len(token_adv), 1),
             "groups/zero_signal": zero / max(len(groups), 1)}
+
+
+def sequence_advantages(rollouts, rewards: torch.Tensor, group_ids: torch.Tensor, cfg: ObjectiveConfig):
+    """(advantage [N], excluded [N] bool, metrics) of flat rollouts: the estimator, then shaping."""
+    excluded = torch.zeros(len(rollouts), dtype=torch.bool)
+    if cfg.advantage == "group":
+        adv = group_advantages(rewards, group_ids, cfg.scale_rewards)
+    elif cfg.advantage == "rloo":
+        adv = rloo_advantages(rewards, group_ids)
+    elif cfg.advantage == "reinforce_pp":
+        adv = reinforce_pp_advantages(rewards, group_ids, torch.tensor([max(r.num_tokens, 1) for r in rollouts]))
+    elif cfg.advantage == "median":
+        adv, excluded = median_advantages(rewards, group_ids)
+    else:  # drpo
+        adv = drpo_advantages(rewards, torch.tensor([float(r.num_tokens) for r in rollouts]), group_ids)
+    metrics: dict[str, float] = {}
+    if "novelty_sharpen" in cfg.shaping:
+        from rollwise.optim.shaping import novelty_sharpen
+
+        nll = torch.tensor([-sum(r.behavior_logprobs) / max(r.num_tokens, 1) for r in rollouts])
+        adv, m = novelty_sharpen(adv, rewards, nll, group_ids)
+        metrics |= {k: float(v) for k, v in m.items()}
+    return adv.double(), excluded.tolist(), metrics
 
 
 def assign_tree_advantages(group: RolloutGroup, scale: float, mix: float) -> None:
@@ -114,6 +203,23 @@ def assign_tree_advantages(group: RolloutGroup, scale: float, mix: float) -> Non
         r.advantage, r.loss_mask = advantage, mask
 
 
+def _ppo(ratio, policy_logprobs, advantages, mask, cfg):
+    return clipped_surrogate(ratio, advantages, mask, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
+                             dual_clip=cfg.dual_clip)
+
+
+def _cispo(ratio, policy_logprobs, advantages, mask, cfg):
+    return cispo_loss(ratio, policy_logprobs, advantages, mask,
+                      epsilon_high=cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high)
+
+
+def _sapo(ratio, policy_logprobs, advantages, mask, cfg):
+    return sapo_loss(ratio, advantages, mask, tau_pos=cfg.sapo_tau_pos, tau_neg=cfg.sapo_tau_neg)
+
+
+POLICY_LOSSES = {"ppo": _ppo, "cispo": _cispo, "sapo": _sapo}
+
+
 def policy_loss(
     policy_logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -123,25 +229,38 @@ def policy_loss(
     cfg: ObjectiveConfig,
     ref_logprobs: torch.Tensor | None = None,
     behavior_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one (micro-)batch: Σ per-token loss · ``loss_weights``.
 
     All inputs are [B, T]; ``loss_weights`` comes from ``token_weights(mask, cfg.loss_agg)``
-    on the whole batch, so micro-batch losses add up to the full-batch loss. With
-    ``behavior_logprobs`` (the engine's), the policy term is weighted by ``tis_mode``.
+    on the whole batch, so micro-batch losses add up to the full-batch loss. The policy term
+    is ``cfg.policy_loss`` on the ratio at ``cfg.importance_sampling_level``, then weighted
+    by MinPRO's prefix ratio, ``tis_mode`` (with ``behavior_logprobs``) and the entropy mask
+    (with ``entropy``); the KL term is added in the loss or, ``kl_in=reward``, subtracted from
+    the advantage as a per-token k1 penalty.
     """
-    per_token, metrics = ppo_clip_loss(
-        policy_logprobs, old_logprobs, advantages, completion_mask, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high
-    )
+    if cfg.beta > 0 and ref_logprobs is None:
+        raise ValueError("objective.beta > 0 needs reference log-probs")
+    if cfg.beta > 0 and cfg.kl_in == "reward":
+        advantages = advantages - cfg.beta * (old_logprobs - ref_logprobs).detach()  # −β·k1 per token
+    ratio = importance_ratio(policy_logprobs, old_logprobs, completion_mask, cfg.importance_sampling_level)
+    per_token, metrics = POLICY_LOSSES[cfg.policy_loss](ratio, policy_logprobs, advantages, completion_mask, cfg)
+    if cfg.prefix_ratio:
+        per_token = per_token * prefix_min_ratio(ratio, completion_mask)
     if behavior_logprobs is not None and cfg.tis_mode != "none":
         weights, stats = behavior_weights(old_logprobs, behavior_logprobs, completion_mask, cfg.tis_mode,
                                           cfg.tis_cap, cfg.tis_cap_min)
         per_token = per_token * weights
         metrics |= stats
-    if cfg.beta > 0:
-        if ref_logprobs is None:
-            raise ValueError("objective.beta > 0 needs reference log-probs")
+    if cfg.top_entropy_quantile < 1 and entropy is not None:
+        keep = entropy_mask(entropy.detach(), completion_mask, cfg.top_entropy_quantile)
+        per_token = per_token * keep
+        metrics["entropy_mask/kept"] = keep.sum() / (completion_mask > 0).sum().clamp(min=1)
+    if cfg.beta > 0 and cfg.kl_in == "loss":
         kl = kl_penalty(policy_logprobs, ref_logprobs, cfg.kl_estimator)
         per_token = per_token + cfg.beta * kl
         metrics["kl"] = aggregate(kl.detach(), completion_mask, "token_mean")
+    elif cfg.beta > 0:
+        metrics["kl"] = aggregate((policy_logprobs - ref_logprobs).detach(), completion_mask, "token_mean")
     return (per_token * loss_weights).sum(), metrics

@@ -36,7 +36,10 @@ def policy_update(
     weights = token_weights(batch.completion_mask, objective.loss_agg, max_len, lengths=batch.completion_lengths)
     # With one pass, the proximal ("old") policy is the current one: ratio 1, detached.
     old = _logprobs_no_grad(model, batch, micro_batch_size, temperature) if num_iterations > 1 else None
-    ref = _logprobs_no_grad(ref_model, batch, micro_batch_size, temperature) if objective.beta > 0 else None
+    ref = _logprobs_no_grad(ref_model, batch, micro_batch_size, temperature) if objective.needs_reference else None
+    shaping: dict[str, float] = {}
+    if "ace" in objective.shaping:
+        batch.advantages, shaping = ace_shift(batch, ref)
     total_tokens = max(float(batch.completion_mask.sum()), 1.0)
     totals: dict[str, float] = {}
     model.train()
@@ -50,6 +53,7 @@ def policy_update(
             loss, m = policy_loss(
                 policy_lp, old_lp, sub.advantages, sub.completion_mask, weights[mb, :width], objective,
                 ref_logprobs=None if ref is None else ref[mb, :width], behavior_logprobs=sub.behavior_logprobs,
+                entropy=entropy,
             )
             loss.backward()
             mask = sub.completion_mask
@@ -68,4 +72,19 @@ def policy_update(
         totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(grad_norm) / num_iterations
     model.eval()
     totals["lr"] = scheduler.get_last_lr()[0]
-    return totals
+    return totals | shaping
+
+
+def ace_shift(batch: TrainBatch, ref: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """ACE ("Overconfident Errors Need Stronger Correction"): negative advantages × (1 + max(ĉ, 0)),
+    ĉ = (log π(y|x) − log π_ref(y|x)) / |y| from the behaviour log-probs, detached."""
+    from rollwise.optim.shaping import ace
+
+    trained = (batch.completion_mask > 0).to(ref.dtype)
+    logratio = ((batch.behavior_logprobs - ref) * trained).sum(-1)  # [B]
+    lengths = trained.sum(-1).clamp(min=1)
+    # every token of a flat rollout carries its sequence advantage; shape each token by its row's shift
+    rows = batch.advantages.shape[1]
+    shaped, metrics = ace(batch.advantages.reshape(-1), logratio.repeat_interleave(rows),
+                          lengths.repeat_interleave(rows))
+    return shaped.view_as(batch.advantages), {k: float(v) for k, v in metrics.items()}

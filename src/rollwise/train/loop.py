@@ -20,6 +20,7 @@ import yaml
 from rollwise.engine import make_engine
 from rollwise.engine.sampling import SamplingParams
 from rollwise.eval.accuracy import EvalResult, evaluate
+from rollwise.filter.overlong import add_overlong_penalty
 from rollwise.filter.registry import resolve_rewards
 from rollwise.filter.rewards import score_groups
 from rollwise.filter.sandbox import configure as configure_sandbox
@@ -119,6 +120,8 @@ class Trainer:
         sampled = self.engine.stats.decode_tokens - sampled_before  # every token the engine sampled, once
         t_gen = time.perf_counter()
         metrics = score_groups(groups, self.reward_fns)
+        if cfg.objective.overlong_shaping:
+            metrics |= add_overlong_penalty(groups, cfg.rollout.max_new_tokens)
         metrics |= assign_advantages(groups, cfg.objective)
         batch = build_batch(groups, self.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
         metrics |= policy_update(
@@ -171,7 +174,7 @@ class Trainer:
                     on_step=on_sft_step)
             self.model.save_pretrained(self.run_dir / "init_model")
             self.tokenizer.save_pretrained(self.run_dir / "init_model")
-        if self.cfg.objective.beta > 0:  # the frozen reference is the RL starting point
+        if self.cfg.objective.needs_reference:  # the frozen reference is the RL starting point
             self.ref_model = type(self.model).from_pretrained(self.run_dir / "init_model").to(self.engine.device).eval()
         self.log = MetricsLog(self.run_dir, resume_from_step=self.state.step if ckpt else None)
 

@@ -70,6 +70,8 @@ PRESETS: dict[str, dict] = {
     "ace": {"shaping": ["ace"], "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
     "novelty_sharpen": {"shaping": ["novelty_sharpen"], "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
 }
+PRESETS["dapo_clip_higher"] = PRESETS["dapo"]  # the catalogue's ids for the same presets
+PRESETS["sapo_gate"] = PRESETS["sapo"]
 Advantage = Literal["group", "rloo", "reinforce_pp", "median", "drpo"]
 
 

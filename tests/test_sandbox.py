@@ -185,12 +185,11 @@ def test_parallel_runs_take_less_than_serial_time(pool):
 
 def test_workers_are_recycled():
     with SandboxPool(SandboxConfig(workers=1, recycle_every=3)) as p:
-        pids = set()
         for _ in range(7):
-            r = p.run("print(1)")
-            assert r.ok
-            pids.add(p._workers[0].proc.pid)
-        assert len(pids) == 3  # replaced after runs 3 and 6
+            assert p.run("print(1)").ok
+        # replaced after runs 3 and 6 (the worker thread recycles after handing back a result,
+        # so the 7th run is what guarantees the second replacement has happened)
+        assert len(set(p._workers[0].pids)) == 3
 
 
 def test_best_effort_is_explicit(monkeypatch):

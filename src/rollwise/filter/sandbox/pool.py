@@ -77,6 +77,7 @@ class _Worker:
         self.pool, self.uid = pool, uid
         self.proc: subprocess.Popen | None = None
         self.runs = 0
+        self.pids: list[int] = []  # every process this slot has started, in order
         self.hostdir: tempfile.TemporaryDirectory | None = None
 
     def start(self) -> None:
@@ -92,6 +93,7 @@ class _Worker:
         self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, cwd=cwd,
                                      env={}, start_new_session=True, **drop_kwargs(self.uid))
+        self.pids.append(self.proc.pid)
         init = {"workdir": workdir, "writable": writable, "seccomp_hex": self.pool.bpf_hex,
                 # kill(-1) reaches only the job's processes when the worker has its own PID namespace or uid
                 "kill_all_uid": bool(iso.bwrap) or self.uid is not None, "parent_death": not iso.bwrap}

@@ -174,16 +174,29 @@ def test_every_objective_takes_two_steps(tmp_path, method):
         assert m["tokens/generated"] > 0 and "loss" in m
 
 
+@pytest.fixture(scope="module")
+def warm_start(tmp_path_factory):
+    """One SFT warm start shared by every objective's run (2-digit arith, sampled reward ~.3)."""
+    out = tmp_path_factory.mktemp("warm")
+    trainer = Trainer(load_run_config(None, [f"output_dir={out}", "name=warm", *SMOKE, "sft.steps=400",
+                                             "sft.batch_size=32", "train.steps=0"]))
+    trainer.prepare()
+    return trainer.run_dir / "init_model"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", list(PRESETS))
-def test_every_objective_trains_20_steps_on_arith(tmp_path, method):
+def test_every_objective_trains_20_steps_on_arith(tmp_path, method, warm_start):
     extra = ["rollout.num_generations=5"] if method == "mc_grpo" else []  # G + 1 with G even
-    trainer = Trainer(load_run_config(None, [f"output_dir={tmp_path}", f"objective.method={method}", *SMOKE, *extra]))
+    trainer = Trainer(load_run_config(None, [f"output_dir={tmp_path}", f"objective.method={method}", *SMOKE,
+                                             f"model.path={warm_start}", "sft.steps=0", "rollout.prompts_per_step=16",
+                                             "optim.lr=5e-5", *extra]))
     trainer.prepare()
     rewards = []
     for _ in range(20):
         m = trainer.step()
         assert all(v == v for v in m.values()), m  # no NaN
-        rewards.append(m["reward/mean"])
+        rewards.append(m["reward/mean"] - m.get("reward/overlong", 0.0))  # the task's reward (dapo adds a length term)
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    assert last >= 0.5 * first - 0.05, (method, rewards)  # not collapsing
+    assert first > 0.1, (method, rewards)  # the warm start earns reward, so a collapse would show
+    assert last >= 0.6 * first, (method, rewards)  # not collapsing (per-step means of 64 samples are noisy)

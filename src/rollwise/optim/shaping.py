@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-EPS = 1e-6
+from rollwise.optim.advantages import EPS, group_stats
 
 
 def ace(
@@ -81,16 +81,15 @@ def novelty_sharpen(
         adv = adv if adv.is_floating_point() else adv.float()
         nll = nll.detach().to(adv.dtype)
         correct = rewards.detach() > threshold
-        w = correct.to(adv.dtype)  # statistics over the correct rollouts only
-        groups, inverse = torch.unique(group_ids.detach(), return_inverse=True)
-        zeros = torch.zeros(len(groups), dtype=adv.dtype, device=adv.device)
-        count = zeros.index_add(0, inverse, w)
-        mean = (zeros.index_add(0, inverse, w * nll) / count.clamp(min=1))[inverse]
-        sq = zeros.index_add(0, inverse, w * (nll - mean) ** 2)
-        std = (sq / (count - 1).clamp(min=1)).sqrt()[inverse]
-        z = (nll - mean) / (std + EPS)
-        eligible = correct & (count[inverse] >= 2)
-        mult = torch.where(eligible, 1 + strength * z.clamp(0, z_max), torch.ones_like(adv))
+        # statistics over each group's correct rollouts only
+        idx = correct.nonzero().squeeze(-1)
+        mean, std = group_stats(nll[idx], group_ids[idx])
+        _, inverse, count = torch.unique(group_ids[idx], return_inverse=True, return_counts=True)
+        z = (nll[idx] - mean) / (std + EPS)
+        eligible = torch.zeros_like(correct)
+        eligible[idx] = count[inverse] >= 2
+        mult = torch.ones_like(adv)
+        mult[idx] = torch.where(eligible[idx], 1 + strength * z.clamp(0, z_max), mult[idx])
         shaped = adv * mult
         n_elig = eligible.sum()
         metrics = {

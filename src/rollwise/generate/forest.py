@@ -116,7 +116,8 @@ class Forest:
                              "(Llama/Qwen2/Mistral models) or use rollout.strategy=group")
         self.engine, self.prompts, self.budgets, self.params, self.seed = engine, prompts, budgets, params, seed
         self.trees = [Tree() for _ in prompts]
-        self.live: dict[int, Branch] = {}
+        self.live: dict[int, Branch] = {}  # change through _add/_take, which keep live_per_prompt
+        self.live_per_prompt = [0] * len(prompts)
         self.leaves: list[list[Leaf]] = [[] for _ in prompts]
         self.fallback_rounds = [0] * len(prompts)
         self.wasted_tokens = 0  # tokens of branches pruned away (not in any leaf)
@@ -131,20 +132,20 @@ class Forest:
         (handle,) = self.engine.submit([Request(self.prompts[pi].token_ids, _with_seed(self.params, seed))])
         handles = self.engine.fork(handle, n) if n > 1 else [handle]
         for h in handles:
-            self.live[h] = Branch(pi, self.trees[pi].add(0, 0), grow=grow)
+            self._add(h, Branch(pi, self.trees[pi].add(0, 0), grow=grow))
         return handles
 
     def fork(self, handle: int, n: int, replace_last: list[int | None] | None = None) -> list[int]:
         """Split a live branch into ``n``. Children share every token so far, or, with
         ``replace_last``, every token but the last (then they split at the last position)."""
-        br = self.live.pop(handle)
+        br = self._take(handle)
         tokens = len(self.engine.peek(handle).token_ids)
         at = tokens - 1 if replace_last is not None else tokens
         tree = self.trees[br.prompt]
         tree.nodes[br.node].end = at
         children = self.engine.fork(handle, n, replace_last=replace_last)
         for c in children:
-            self.live[c] = Branch(br.prompt, tree.add(br.node, at), grow=br.grow, seen=tokens)
+            self._add(c, Branch(br.prompt, tree.add(br.node, at), grow=br.grow, seen=tokens))
         self.forks += 1
         self.placed_tokens += sum(t is not None for t in replace_last or ())
         return children
@@ -154,7 +155,7 @@ class Forest:
         if not handles:
             return
         for h, st in zip(handles, self.engine.pause(handles)):
-            self._leaf(self.live.pop(h), st.token_ids, st.logprobs, st.versions, st.forced, "pruned")
+            self._leaf(self._take(h), st.token_ids, st.logprobs, st.versions, st.forced, "pruned")
 
     def discard(self, pi: int, node: int) -> None:
         """Remove ``node`` and its whole subtree from prompt ``pi``'s tree: live branches below it
@@ -163,7 +164,7 @@ class Forest:
         under = set(tree.subtree(node))
         handles = [h for h, b in self.live.items() if b.prompt == pi and b.node in under]
         for h, st in zip(handles, self.engine.pause(handles) if handles else []):
-            tree.nodes[self.live.pop(h).node].end = len(st.token_ids)
+            tree.nodes[self._take(h).node].end = len(st.token_ids)
         self.leaves[pi] = [lf for lf in self.leaves[pi] if lf.node not in under]
         self.wasted_tokens += sum(tree.nodes[n].length for n in under)
         tree.remove(node)
@@ -173,15 +174,15 @@ class Forest:
 
     def count(self, pi: int) -> int:
         """Leaves a prompt has or will have: finished leaves + live branches."""
-        return len(self.leaves[pi]) + sum(1 for b in self.live.values() if b.prompt == pi)
+        return len(self.leaves[pi]) + self.live_per_prompt[pi]
 
     # -- the loop ------------------------------------------------------------------------
     def run(self, decide: Callable[[Forest], None], fallback: bool = True) -> None:
         """Step the engine until every prompt has its budget of leaves; ``decide`` runs after each step."""
         while self.live:
             for c in self.engine.step():
-                br = self.live.pop(c.handle, None)
-                if br is not None:
+                if c.handle in self.live:
+                    br = self._take(c.handle)
                     self._leaf(br, c.token_ids, c.logprobs, c.versions, c.forced, c.finish_reason)
             decide(self)
             if fallback:
@@ -189,12 +190,20 @@ class Forest:
 
     def _fallback(self) -> None:
         """A prompt whose branches all ended short of its budget gets fresh root samples (no branching)."""
-        busy = {b.prompt for b in self.live.values()}
         for pi, budget in enumerate(self.budgets):
             missing = budget - len(self.leaves[pi])
-            if missing > 0 and pi not in busy:
+            if missing > 0 and not self.live_per_prompt[pi]:
                 self.fallback_rounds[pi] += 1
                 self.start(pi, missing, grow=False, salt=self.fallback_rounds[pi])
+
+    def _add(self, handle: int, br: Branch) -> None:
+        self.live[handle] = br
+        self.live_per_prompt[br.prompt] += 1
+
+    def _take(self, handle: int) -> Branch:
+        br = self.live.pop(handle)
+        self.live_per_prompt[br.prompt] -= 1
+        return br
 
     def _leaf(self, br: Branch, token_ids, logprobs, versions, forced, reason) -> None:
         self.trees[br.prompt].nodes[br.node].end = len(token_ids)

@@ -497,11 +497,11 @@ def test_length_buckets_and_row_sorts_change_nothing(tiny):
 
 
 def test_split_cost_cuts_only_when_it_pays():
-    from rollwise.engine.slots import _split_cost
+    from rollwise.engine.buckets import split_cost
 
-    cost, buckets = _split_cost([10] * 40, 0, 40, depth=2)
+    cost, buckets = split_cost([10] * 40, 0, 40, depth=2)
     assert buckets == [(0, 40, 10)] and cost == 400  # uniform: one range
     spans = [200] * 16 + [10] * 48
-    cost, buckets = _split_cost(spans, 0, 64, depth=2)
+    cost, buckets = split_cost(spans, 0, 64, depth=2)
     assert buckets[0] == (0, 16, 200) and cost == 16 * 200 + 48 * 10
     assert all(b - a >= 8 for a, b, _ in buckets)

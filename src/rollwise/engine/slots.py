@@ -48,6 +48,7 @@ from collections import deque
 
 import torch
 
+from rollwise.engine.buckets import split_cost
 from rollwise.engine.engine import Completion, EngineLoop, Request
 from rollwise.engine.llama import LlamaForward, SlotKV
 from rollwise.engine.sampling import SamplingParams, filtered_logprobs, gumbel_pick
@@ -79,8 +80,9 @@ class SlotEngine(EngineLoop):
         self._queue: deque[Sequence] = deque()
         self._live: dict[int, Sequence] = {}  # handle -> queued or running sequence
         self._finished: dict[int, Completion] = {}
-        self._early: list[Completion] = []
-        self._sorted_at = -8  # stats.steps at the last row sort  # finished outside a step (a fork child forced to a stop token)
+        self._early: list[Completion] = []  # finished outside a step (a fork child forced to a stop token)
+        self._sorted_at = -8  # stats.steps at the last row sort
+        self._order_dirty = False  # rows were added or moved since the order was last judged
         self._rows: list[Sequence] = []  # running sequences; row r uses cache row r
         self._lens: list[int] = []  # cached positions per row
         self._kv: SlotKV | None = None
@@ -304,6 +306,7 @@ class SlotEngine(EngineLoop):
         r0 = len(self._rows)
         for i, seq in enumerate(seqs):
             seq.row = r0 + i
+        self._order_dirty = True
         self._rows += seqs
         self._lens += lens
         self._pos[r0 : r0 + len(seqs)] = torch.tensor(lens, device=self.device)
@@ -416,24 +419,21 @@ class SlotEngine(EngineLoop):
             parts.append(logits)
         return (torch.cat(parts) if len(parts) > 1 else parts[0]).float()
 
-    # -- length buckets for decode attention ------------------------------------------------
-    # A decode step's attention costs rows × span. With one span for all rows (the longest
-    # row's), a batch mixing long and short sequences (a long tail, resumed partial rollouts)
-    # pays the longest span on every row. Rows are therefore cut into up to four contiguous
-    # ranges, each with its own span; and when the running rows' order leaves much to gain,
-    # they are re-sorted by length (one copy of their cache rows), at most every 8 steps.
-
+    # -- length buckets for decode attention (engine/buckets.py) ------------------------------
     def _buckets(self, n: int) -> list[tuple[int, int, int]]:
+        """Contiguous row ranges with their own spans; when rows were added or moved since the
+        order was last judged and sorting them by length would save a sixth or more of the
+        attention, re-sort them first (at most every 8 steps: a sort copies their cache rows)."""
         spans = [length + 1 for length in self._lens[:n]]  # each row attends over [0, its position]
-        cost, buckets = _split_cost(spans, 0, n, depth=2)
-        if n >= 32 and self.stats.steps - self._sorted_at >= 8:
-            ordered = sorted(spans, reverse=True)
-            best, _ = _split_cost(ordered, 0, n, depth=2)
+        cost, buckets = split_cost(spans, 0, n, depth=2)
+        if self._order_dirty and n >= 32 and self.stats.steps - self._sorted_at >= 8:
+            self._order_dirty = False  # every row gains one token per step: the order holds until rows change
+            best, _ = split_cost(sorted(spans, reverse=True), 0, n, depth=2)
             if cost - best > 0.15 * cost:
                 self._sort_rows(n)
                 self._sorted_at = self.stats.steps
                 spans = [length + 1 for length in self._lens[:n]]
-                cost, buckets = _split_cost(spans, 0, n, depth=2)
+                cost, buckets = split_cost(spans, 0, n, depth=2)
         return buckets
 
     def _sort_rows(self, n: int) -> None:
@@ -511,6 +511,7 @@ class SlotEngine(EngineLoop):
         holes = [r for r in sorted(gone) if r < keep]
         movers = [r for r in range(keep, n) if r not in gone]
         if holes:
+            self._order_dirty = True
             self._kv.copy_rows(movers, holes, max(self._lens[r] for r in movers))
             src, dst = torch.tensor(movers, device=self.device), torch.tensor(holes, device=self.device)
             for t in self._row_state:
@@ -519,33 +520,3 @@ class SlotEngine(EngineLoop):
                 self._rows[h], self._lens[h] = self._rows[m], self._lens[m]
                 self._rows[h].row = h
         del self._rows[keep:], self._lens[keep:]
-
-
-
-def _split_cost(spans: list[int], a: int, b: int, depth: int) -> tuple[int, list[tuple[int, int, int]]]:
-    """Cheapest cut of rows ``[a, b)`` into contiguous ranges (up to ``2**depth``), cost = Σ rows × max span.
-
-    A cut must save at least an eighth of the range's cost and leave 8+ rows on each side
-    (every range is one more attention call per layer)."""
-    whole = (b - a) * max(spans[a:b])
-    if depth == 0 or b - a < 16:
-        return whole, [(a, b, max(spans[a:b]))]
-    prefix, suffix = [], [0] * (b - a)
-    m = 0
-    for s in spans[a:b]:
-        m = max(m, s)
-        prefix.append(m)
-    m = 0
-    for i in range(b - a - 1, -1, -1):
-        m = max(m, spans[a + i])
-        suffix[i] = m
-    best, cut = whole, None
-    for i in range(8, b - a - 7):
-        c = i * prefix[i - 1] + (b - a - i) * suffix[i]
-        if c < best:
-            best, cut = c, a + i
-    if cut is None or whole - best < whole / 8:
-        return whole, [(a, b, max(spans[a:b]))]
-    left, lb = _split_cost(spans, a, cut, depth - 1)
-    right, rb = _split_cost(spans, cut, b, depth - 1)
-    return left + right, lb + rb

@@ -38,6 +38,7 @@ console = Console()
 
 RecipeArg = Annotated[Path | None, typer.Argument(help="recipe YAML (e.g. recipes/demo.yaml)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: key.path=value (repeatable)")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="write results as JSON")]
 
 
 def friendly_errors(fn):
@@ -142,46 +143,37 @@ def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives
                 console.print(f"  {key:<14} {doc}", highlight=False, soft_wrap=True)
 
 
+def _report(results: dict, json_path: Path | None) -> None:
+    """A benchmark's results to ``--json`` (its tables are already printed)."""
+    if json_path:
+        json_path.write_text(json.dumps(results, indent=2))
+
+
 @bench_app.command("engine")
 @friendly_errors
-def bench_engine(
-    json_path: Annotated[Path | None, typer.Option("--json", help="write results as JSON")] = None,
-    set_: SetOpt = None,
-):
+def bench_engine(json_path: JsonOpt = None, set_: SetOpt = None):
     """This engine vs HF `model.generate`, same model, prompts and sampling settings."""
     from rollwise.bench.engine import run_engine_bench
 
-    results = run_engine_bench(overrides=set_ or [], console=console)
-    if json_path:
-        json_path.write_text(json.dumps(results, indent=2))
+    _report(run_engine_bench(overrides=set_ or [], console=console), json_path)
 
 
 @bench_app.command("rollout")
 @friendly_errors
-def bench_rollout(
-    json_path: Annotated[Path | None, typer.Option("--json", help="write results as JSON")] = None,
-    set_: SetOpt = None,
-):
+def bench_rollout(json_path: JsonOpt = None, set_: SetOpt = None):
     """Rollout strategies side by side: tree/latr vs group (tokens per leaf, accuracy at equal tokens), april vs group."""
     from rollwise.bench.rollout import run_rollout_bench
 
-    results = run_rollout_bench(overrides=set_ or [], console=console)
-    if json_path:
-        json_path.write_text(json.dumps(results, indent=2))
+    _report(run_rollout_bench(overrides=set_ or [], console=console), json_path)
 
 
 @bench_app.command("sandbox")
 @friendly_errors
-def bench_sandbox(
-    json_path: Annotated[Path | None, typer.Option("--json", help="write results as JSON")] = None,
-    set_: SetOpt = None,
-):
+def bench_sandbox(json_path: JsonOpt = None, set_: SetOpt = None):
     """Executions/s of a trivial program: the sandbox pool vs one `subprocess.run` per job."""
     from rollwise.bench.sandbox import run_sandbox_bench
 
-    results = run_sandbox_bench(overrides=set_ or [], console=console)
-    if json_path:
-        json_path.write_text(json.dumps(results, indent=2))
+    _report(run_sandbox_bench(overrides=set_ or [], console=console), json_path)
 
 
 if __name__ == "__main__":

@@ -133,7 +133,8 @@ def assign_advantages(groups: list[RolloutGroup], cfg: ObjectiveConfig) -> dict[
     group_ids = torch.tensor([gi for gi, g in enumerate(groups) for _ in g.rollouts])
     adv, excluded, metrics = sequence_advantages(rollouts, rewards, group_ids, cfg)
     adv = adv.tolist()
-    scale = reward_scale(rewards, group_ids, cfg.scale_rewards).tolist()
+    trees = cfg.tree_adv and any(g.tree is not None for g in groups)
+    scale = reward_scale(rewards, group_ids, cfg.scale_rewards).tolist() if trees else None  # tree_adv's divisor
     i = 0
     for g in groups:
         n = len(g.rollouts)

@@ -3,7 +3,7 @@
 The model is the ``tiny`` preset with its matrices re-drawn at std .15: the fresh init
 (std .02) gives near-uniform logits, so greedy decoding repeats one token forever and EOS
 never comes. Larger weights give varied sequences that do end in EOS, so the comparisons
-below exercise more than one token and the stop path.
+below exercise more than one token and the stop path (the ``tiny`` fixture: tests/conftest.py).
 """
 
 import pytest
@@ -12,21 +12,8 @@ import torch
 from rollwise.engine.engine import Engine, Request
 from rollwise.engine.sampling import SamplingParams, filtered_logprobs, sample_next
 from rollwise.model.logprobs import token_logprobs_and_entropy
-from rollwise.model.tiny import build_tiny
 
 TEXTS = ["12+3=", "hello world\n", "a", "The answer is 42."]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    model, tok = build_tiny("tiny", seed=0)
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(0)
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.15, generator=gen)
-    model.eval()
-    return model, tok
 
 
 @pytest.fixture(scope="module")

@@ -65,15 +65,15 @@ def check_tree_group(group):
 def test_tree_leaves_are_path_concatenations_and_shared_prefixes_computed_once(tiny, prompts):
     engine = engine_for(tiny)
     sampler = TreeSampler(params_for(tiny), decode, TreeConfig(segment_len=4, max_depth=3, repeat_ngram=0))
-    groups = sampler.generate(engine, prompts, [G] * len(prompts), seed=1)
+    groups, metrics = sampler.generate(engine, prompts, [G] * len(prompts), seed=1)
     unique = 0
     for g in groups:
         assert len(g.rollouts) == G  # the leaf budget, filled (fallback) and never exceeded
         spans = check_tree_group(g)
         assert sum(len(s) for s in spans.values()) == g.tree.unique_tokens
         unique += g.tree.unique_tokens
-    assert sampler.last_metrics["tree/forks"] > 0
-    assert sampler.last_metrics["tree/shared_token_ratio"] > 0
+    assert metrics["tree/forks"] > 0
+    assert metrics["tree/shared_token_ratio"] > 0
     # the engine sampled each node's tokens once; forks copied prefixes instead of recomputing them
     stats = engine.stats
     assert stats.decode_tokens == unique
@@ -92,7 +92,7 @@ def test_tree_prefill_counts_one_prompt_per_round_of_roots(tiny, prompts, monkey
         return original(self, pi, n, **kw)
 
     monkeypatch.setattr(Forest, "start", counting_start)
-    groups = sampler.generate(engine, prompts, [G] * len(prompts), seed=3)
+    groups, _ = sampler.generate(engine, prompts, [G] * len(prompts), seed=3)
     assert len(started) > len(prompts)  # this config needs fallback rounds (short completions)
     assert engine.stats.prefill_tokens == sum(len(prompts[pi].token_ids) for pi in started)
     assert engine.stats.decode_tokens == sum(g.tree.unique_tokens for g in groups)
@@ -103,7 +103,7 @@ def test_tree_without_branching_gives_independent_samples(tiny, prompts):
     """branch_factor=1: G root samples, each exactly the request it would be alone (no shared randomness)."""
     params = params_for(tiny)
     sampler = TreeSampler(params, decode, TreeConfig(root_branches=G, branch_factor=1, repeat_ngram=0))
-    groups = sampler.generate(engine_for(tiny), prompts[:2], [G, G], seed=5)
+    groups, _ = sampler.generate(engine_for(tiny), prompts[:2], [G, G], seed=5)
     for pi, g in enumerate(groups):
         assert [len(r.node_path) for r in g.rollouts] == [2] * G  # root → leaf, no inner nodes
         root_seed = hash((5, pi, 0)) & (2**62 - 1)
@@ -117,7 +117,7 @@ def test_tree_without_branching_gives_independent_samples(tiny, prompts):
 def test_tree_budget_without_fallback_never_exceeds(tiny, prompts):
     sampler = TreeSampler(params_for(tiny), decode, TreeConfig(segment_len=3, branch_factor=4, max_depth=5,
                                                                 fallback=False, repeat_ngram=0))
-    groups = sampler.generate(engine_for(tiny), prompts, [5] * len(prompts), seed=2)
+    groups, _ = sampler.generate(engine_for(tiny), prompts, [5] * len(prompts), seed=2)
     assert all(1 <= len(g.rollouts) <= 5 for g in groups)
     for g in groups:
         check_tree_group(g)
@@ -127,10 +127,10 @@ def test_tree_entropy_rule_branches_only_at_high_entropy(tiny, prompts):
     fixed = TreeSampler(params_for(tiny), decode, TreeConfig(segment_len=4, fallback=False, repeat_ngram=0))
     picky = TreeSampler(params_for(tiny), decode, TreeConfig(segment_len=4, fallback=False, repeat_ngram=0,
                                                               branch_rule="entropy", entropy_quantile=1.0))
-    fixed.generate(engine_for(tiny), prompts, [G] * len(prompts), seed=4)
-    picky.generate(engine_for(tiny), prompts, [G] * len(prompts), seed=4)
+    _, fixed_metrics = fixed.generate(engine_for(tiny), prompts, [G] * len(prompts), seed=4)
+    _, picky_metrics = picky.generate(engine_for(tiny), prompts, [G] * len(prompts), seed=4)
     # quantile 1: only a segment at least as uncertain as every segment seen before may fork
-    assert picky.last_metrics["tree/forks"] < fixed.last_metrics["tree/forks"]
+    assert picky_metrics["tree/forks"] < fixed_metrics["tree/forks"]
     assert len(picky.state_dict()["entropies"]) > 0
     restored = TreeSampler(params_for(tiny), decode, picky.cfg)
     restored.load_state_dict(picky.state_dict())
@@ -147,7 +147,7 @@ def test_repeats():
 def test_tree_repeat_stops_a_looping_path(tiny, prompts):
     sampler = TreeSampler(params_for(tiny, max_new_tokens=60), decode,
                           TreeConfig(segment_len=2, repeat_ngram=1, branch_factor=1, root_branches=4))
-    groups = sampler.generate(engine_for(tiny), prompts, [4] * len(prompts), seed=0)
+    groups, _ = sampler.generate(engine_for(tiny), prompts, [4] * len(prompts), seed=0)
     pruned = [r for g in groups for r in g.rollouts if r.finish_reason == "pruned"]
     assert pruned  # with n=1, any repeated token at a boundary stops the path
     for r in pruned:
@@ -167,8 +167,7 @@ def test_latr_exact_group_size_forced_tokens_masked(tiny, prompts, similarity, n
     sampler = LatrSampler(params_for(tiny), decode, LatrConfig(lookahead=6, prune_similarity=similarity,
                                                                 branch_threshold=0.9, ngram=ngram))
     engine = engine_for(tiny)
-    groups = sampler.generate(engine, prompts, [G] * len(prompts), seed=7)
-    m = sampler.last_metrics
+    groups, m = sampler.generate(engine, prompts, [G] * len(prompts), seed=7)
     assert m["latr/branches"] > 0
     forced_seen = 0
     for g in groups:
@@ -176,7 +175,7 @@ def test_latr_exact_group_size_forced_tokens_masked(tiny, prompts, similarity, n
         check_tree_group(g)
         nodes = g.tree.nodes
         for r in g.rollouts:
-            for t, keep in enumerate(r.loss_mask or []):
+            for t, keep in enumerate(r.loss_weights or []):
                 if keep:
                     continue
                 # a forced token starts its node; a sibling that kept the sampled token differs there
@@ -249,14 +248,14 @@ def test_april_methods_case_short_groups_first_long_one_carried():
     sampler = AprilSampler(SamplingParams(max_new_tokens=2000), decode, AprilConfig(over_provision=4 / 3), target=3)
     prompts = [Prompt(id=str(i), text="", token_ids=[i]) for i in range(4)]
     assert sampler.prompts_wanted(3) == 4
-    step1 = sampler.generate(engine, prompts, [2] * 4, seed=0)
+    step1, _ = sampler.generate(engine, prompts, [2] * 4, seed=0)
     assert sorted(g.prompt.id for g in step1) == ["0", "1", "2"]
     assert len(sampler.buffer) == 1 and sampler.buffer[0].prompt.id == "3"
     assert [len(p.token_ids) for p in sampler.buffer[0].partial] == [10, 10]  # paused at the tenth token
     assert sampler.started == 8 and sampler.trained == 6 and sampler.carried == 2
     engine.version = 1
     assert sampler.prompts_wanted(3) == 3
-    step2 = sampler.generate(engine, [Prompt(id=str(i), text="", token_ids=[i]) for i in (4, 5, 6)], [2] * 3, seed=1)
+    step2, _ = sampler.generate(engine, [Prompt(id=str(i), text="", token_ids=[i]) for i in (4, 5, 6)], [2] * 3, seed=1)
     assert sorted(g.prompt.id for g in step2) == ["4", "5", "6"]  # the long group is still running
     engine.version = 2
     total_steps = 2
@@ -264,7 +263,7 @@ def test_april_methods_case_short_groups_first_long_one_carried():
         total_steps += 1
         engine.version += 1
         fresh = [Prompt(id=f"f{total_steps}", text="", token_ids=[4])]
-        out = sampler.generate(engine, fresh, [2], seed=total_steps)
+        out, _ = sampler.generate(engine, fresh, [2], seed=total_steps)
         long = [g for g in out if g.prompt.id == "3"]
         if long:
             (g,) = long
@@ -289,9 +288,10 @@ def test_april_with_fixed_weights_equals_the_uninterrupted_run(tiny, prompts):
         fresh = [replace(p, id=f"{p.id}@{step}.{i}") for i, p in enumerate(fresh)]
         cursor += n
         fresh_by_step.append((step, fresh))
-        for g in sampler.generate(engine, fresh, [2] * len(fresh), seed=step):
+        groups, metrics = sampler.generate(engine, fresh, [2] * len(fresh), seed=step)
+        for g in groups:
             seen[g.prompt.id] = g
-        resumed_counts.append(sampler.last_metrics["april/resumed_tokens"])
+        resumed_counts.append(metrics["april/resumed_tokens"])
         assert sampler.started == sampler.trained + sampler.carried  # nothing lost, every step
     assert any(m > 0 for m in resumed_counts)  # some rollouts really were paused and resumed
     # recompute every returned group without interruption, with the same per-request seeds
@@ -347,9 +347,9 @@ def _capture(trainer):
     generate = trainer.generator.generate
 
     def wrapped(*a, **kw):
-        groups = generate(*a, **kw)
+        groups, metrics = generate(*a, **kw)
         seen.append(groups)
-        return groups
+        return groups, metrics
 
     trainer.generator.generate = wrapped
     return seen

@@ -48,7 +48,7 @@ def test_mc_grpo_median_pivot_gets_no_gradient():
     assert adv.tolist() == pytest.approx([-0.2, 0.5, 0.0]) and pivot.tolist() == [False, False, True]
     groups = [group([0.2, 0.9, 0.4]), group([1.0, 1.0, 0.0])]
     assign_advantages(groups, ObjectiveConfig(method="mc_grpo"))
-    masks = [r.loss_mask for g in groups for r in g.rollouts]
+    masks = [r.loss_weights for g in groups for r in g.rollouts]
     assert sum(m is not None and not any(m) for m in masks) == 2  # exactly one pivot per group: G rows train
     # second group [1, 1, 0]: median 1, the first 1 is the pivot
     assert [r.advantage[0] for r in groups[1].rollouts] == pytest.approx([0.0, 0.0, -1.0])

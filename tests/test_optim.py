@@ -8,10 +8,17 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rollwise.optim.advantages import group_advantages, group_stats
+from rollwise.optim.advantages import (
+    drpo_advantages,
+    group_advantages,
+    group_stats,
+    median_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
 from rollwise.optim.batch import build_batch
 from rollwise.optim.losses import aggregate, kl_penalty, ppo_clip_loss
 from rollwise.types import Prompt, Rollout, RolloutGroup
@@ -28,9 +35,10 @@ def test_grpo_two_of_four():
     # mean = .5; deviations ±.5; Bessel var = 4·.25/3 = 1/3; std = .5774
     # A = ±.5/.5774 = ±.8660 (the +1e-6 in the denominator moves the 6th decimal)
     rewards = torch.tensor([1.0, 0, 0, 1])
-    mean, std = group_stats(rewards, one_group(4))
-    assert torch.allclose(mean, torch.full((4,), 0.5))
-    assert torch.allclose(std, torch.full((4,), 1 / math.sqrt(3)))
+    mean, std = group_stats(rewards, one_group(4))  # statistics come back in float64
+    assert mean.dtype == std.dtype == torch.float64
+    assert torch.allclose(mean, torch.full((4,), 0.5, dtype=torch.float64))
+    assert torch.allclose(std, torch.full((4,), 1 / math.sqrt(3), dtype=torch.float64))
     adv = group_advantages(rewards, one_group(4))
     assert torch.allclose(adv, torch.tensor([0.8660, -0.8660, -0.8660, 0.8660]), atol=1e-4)
 
@@ -92,6 +100,7 @@ def test_unknown_scale_rewards():
     st.lists(st.tuples(st.integers(0, 4), st.floats(-10, 10, allow_nan=False)), min_size=1, max_size=24),
     st.sampled_from(["group", "batch", "none"]),
 )
+@example([(0, 3.0034791813909303)] * 3, "group")  # found by a CI run: −4.4e-10 each before the float64 fix
 def test_advantages_sum_to_zero_per_group(samples, scale):
     # float64 so the invariant is checked on the math, not on float32 rounding
     groups = torch.tensor([g for g, _ in samples])
@@ -101,6 +110,49 @@ def test_advantages_sum_to_zero_per_group(samples, scale):
     for g in groups.unique():
         part = adv[groups == g]
         assert abs(part.sum().item()) <= 1e-9 * (1 + part.abs().sum().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize("value,n", [(0.7, 8), (3.0034791813909303, 3), (1 / 3, 7), (-2.1, 5), (1e4 + 0.1, 6)])
+def test_zero_variance_group_gets_exactly_zero(dtype, scale, value, n):
+    # before: float32 0.7 × 8 gave 0.056 per rollout (the mean's rounding error / (0 + 1e-6))
+    rewards = torch.tensor([value] * n + [1.0, 0.0], dtype=dtype)  # a flat group beside a mixed one
+    groups = torch.tensor([0] * n + [1, 1])
+    adv = group_advantages(rewards, groups, scale_rewards=scale)
+    assert adv.dtype == dtype
+    assert adv[:n].tolist() == [0.0] * n
+    assert adv[n] > 0 > adv[n + 1]
+
+
+@pytest.mark.parametrize("value,n", [(0.7, 8), (3.0034791813909303, 3), (1 / 3, 7)])
+def test_zero_variance_group_every_estimator(value, n):
+    rewards = torch.tensor([value] * n, dtype=torch.float32)
+    groups = one_group(n)
+    assert rloo_advantages(rewards, groups).tolist() == [0.0] * n
+    assert median_advantages(rewards, groups)[0].tolist() == [0.0] * n
+    # REINFORCE++ whitens over the batch: a flat group's centred values are exactly 0 before that
+    mixed = torch.cat([rewards, torch.tensor([1.0, 0.0])])
+    adv = reinforce_pp_advantages(mixed, torch.tensor([0] * n + [1, 1]), torch.ones(n + 2))
+    assert len(set(adv[:n].tolist())) == 1  # one value for the whole flat group (−μ/σ of the batch)
+
+
+def test_drpo_empty_correct_completion_is_finite():
+    # before: lengths [0, 5, 7] with only the empty one correct gave [nan, −⅓, −⅓]
+    # p = ⅓: wrong ones −⅓; the single correct one takes (1 − p)·|P|·softmax = ⅔ · 1 · 1
+    adv = drpo_advantages(torch.tensor([True, False, False]), torch.tensor([0.0, 5, 7]), one_group(3))
+    assert adv.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+    # two empty correct ones share the positive mass equally (mean length 0: no length preference):
+    # p = ⅔, each correct one (1 − ⅔)·2·½ = ⅓, the wrong one −⅔
+    adv = drpo_advantages(torch.tensor([True, True, False]), torch.tensor([0.0, 0, 7]), one_group(3))
+    assert adv.tolist() == pytest.approx([1 / 3, 1 / 3, -2 / 3])
+    assert abs(float(adv.sum())) < 1e-9
+
+
+def test_drpo_all_correct_or_all_wrong_is_zero():
+    adv = drpo_advantages(torch.tensor([True] * 3 + [False] * 3), torch.tensor([1.0, 2, 3, 1, 2, 3]),
+                          torch.tensor([0, 0, 0, 1, 1, 1]))
+    assert adv.tolist() == [0.0] * 6
 
 
 # -- clipped loss and aggregation ---------------------------------------------------------
@@ -235,6 +287,7 @@ def test_build_batch_alignment_and_masks():
     assert batch.attention_mask.tolist() == [[1] * 6, [1, 1, 1, 1, 0, 0], [1] * 6]
     # column t scores input_ids[:, t+1]: the first completion token sits at p, so column p−1
     assert batch.completion_mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 1, 0, 0], [0, 1, 1, 1, 1]]
+    assert batch.loss_weights.tolist() == batch.completion_mask.tolist()  # no forced or shared tokens here
     assert torch.allclose(batch.behavior_logprobs[0], torch.tensor([0, 0, -0.1, -0.2, -0.3]))
     assert torch.allclose(batch.behavior_logprobs[1], torch.tensor([0, 0, -0.4, 0, 0]))
     assert batch.advantages[2].tolist() == [0, 1, 1, 1, 1]
@@ -251,7 +304,10 @@ def test_build_batch_alignment_and_masks():
 def test_build_batch_mask_truncated():
     batch = build_batch(two_groups(), pad_token_id=PAD, mask_truncated=True)
     # a2 and b1 finished by "length": no gradient; a1 (stop) is untouched
-    assert batch.completion_mask.tolist() == [[0, 0, 1, 1, 1], [0] * 5, [0] * 5]
+    assert batch.loss_weights.tolist() == [[0, 0, 1, 1, 1], [0] * 5, [0] * 5]
+    # they are still completions: the 0/1 mask and the lengths do not change
+    assert batch.completion_mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 1, 0, 0], [0, 1, 1, 1, 1]]
+    assert batch.completion_lengths.tolist() == [3, 1, 4]
     # the data is still there (for logging); only the mask changes
     assert batch.advantages[2].tolist() == [0, 1, 1, 1, 1]
 
@@ -273,7 +329,7 @@ def test_select_trims_width():
     sub = batch.select(torch.tensor([1]))  # a2 alone: 4 real tokens
     assert sub.input_ids.tolist() == [[1, 5, 6, 9]]
     assert sub.attention_mask.tolist() == [[1, 1, 1, 1]]
-    assert sub.completion_mask.tolist() == [[0, 0, 1]]
+    assert sub.completion_mask.tolist() == [[0, 0, 1]] and sub.loss_weights.tolist() == [[0, 0, 1]]
     assert sub.behavior_logprobs.shape == sub.advantages.shape == (1, 3)
     assert sub.group_ids.tolist() == [0] and sub.completion_lengths.tolist() == [1]
     full = batch.select(slice(0, 2))  # a1 is 6 wide: nothing trimmed

@@ -111,12 +111,11 @@ def test_novelty_needs_two_correct():
     assert float(metrics["novelty/eligible_frac"]) == 0.0
 
 
-def test_novelty_threshold():
-    # rewards .4 are wrong at the default threshold .5; at threshold .3 they count as correct
+def test_novelty_correctness_is_the_verdict():
+    # scores .4 are wrong (rollwise.types.is_correct); a bool tensor of verdicts is taken as is
     adv, nll, gid = torch.ones(3), torch.tensor([0.2, 0.6, 0.4]), torch.zeros(3)
-    rewards = torch.tensor([0.4, 0.4, 0.4])
-    torch.testing.assert_close(novelty_sharpen(adv, rewards, nll, gid)[0], adv)
-    torch.testing.assert_close(novelty_sharpen(adv, rewards, nll, gid, threshold=0.3)[0],
+    torch.testing.assert_close(novelty_sharpen(adv, torch.tensor([0.4, 0.4, 0.4]), nll, gid)[0], adv)
+    torch.testing.assert_close(novelty_sharpen(adv, torch.tensor([True, True, True]), nll, gid)[0],
                                torch.tensor([1.0, 1.5, 1.0]), atol=1e-5, rtol=0)
 
 

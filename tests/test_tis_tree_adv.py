@@ -325,12 +325,12 @@ def make_tree():
     return tree
 
 
-def make_leaf(tree, leaf, loss_mask=None):
+def make_leaf(tree, leaf, loss_weights=None):
     path = tree.path(leaf)
     ids = [t for n in path[1:] for t in TOKENS[n]]
     return Rollout(prompt_id="p", prompt_ids=[1], completion_ids=ids, behavior_logprobs=[-0.5] * len(ids),
                    versions=[0] * len(ids), finish_reason="stop", reward=LEAF_REWARD[leaf], node_path=path,
-                   loss_mask=loss_mask)
+                   loss_weights=loss_weights)
 
 
 def tree_group(order=(3, 4, 5, 6), masks=None):
@@ -373,28 +373,28 @@ def test_tree_advantages_per_token_and_each_node_trained_once(scale_rewards, sca
     assert by_leaf[5].advantage == pytest.approx([-0.25 / scale] + [-0.625 / scale] * 2)
     # a is trained in leaf 3 (first), b in leaf 5 (first), each with weight 2 (two leaves below);
     # leaves 4 and 6 skip those spans
-    assert by_leaf[3].loss_mask == [2, 2, 1, 1]
-    assert by_leaf[4].loss_mask == [0, 0, 1]
-    assert by_leaf[5].loss_mask == [2, 1, 1]
-    assert by_leaf[6].loss_mask == [0, 1]
+    assert by_leaf[3].loss_weights == [2, 2, 1, 1]
+    assert by_leaf[4].loss_weights == [0, 0, 1]
+    assert by_leaf[5].loss_weights == [2, 1, 1]
+    assert by_leaf[6].loss_weights == [0, 1]
     # every unique token once (9 nonzero entries), weights adding up to the leaves' 4+3+3+2 = 12 tokens
-    assert sum(m > 0 for r in g.rollouts for m in r.loss_mask) == g.tree.unique_tokens == 9
-    assert sum(sum(r.loss_mask) for r in g.rollouts) == sum(len(r.completion_ids) for r in g.rollouts) == 12
+    assert sum(m > 0 for r in g.rollouts for m in r.loss_weights) == g.tree.unique_tokens == 9
+    assert sum(sum(r.loss_weights) for r in g.rollouts) == sum(len(r.completion_ids) for r in g.rollouts) == 12
 
 
 def test_shared_node_is_trained_in_the_first_leaf_in_rollout_order():
     g = tree_group(order=(6, 5, 4, 3))
     assign_advantages([g], ObjectiveConfig(scale_rewards="none"))
-    masks = {r.node_path[-1]: r.loss_mask for r in g.rollouts}
+    masks = {r.node_path[-1]: r.loss_weights for r in g.rollouts}
     assert masks == {6: [2, 1], 5: [0, 1, 1], 4: [2, 2, 1], 3: [0, 0, 1, 1]}
     assert sum(sum(m) for m in masks.values()) == 12
 
 
 def test_forced_token_stays_masked():
-    # leaf b2's token at position 1 was placed by fork(replace_last=...) (forced): loss_mask [1, 0]
+    # leaf b2's token at position 1 was placed by fork(replace_last=...) (forced): loss_weights [1, 0]
     g = tree_group(masks={6: [1, 0]})
     assign_advantages([g], ObjectiveConfig(scale_rewards="none"))
-    masks = {r.node_path[-1]: r.loss_mask for r in g.rollouts}
+    masks = {r.node_path[-1]: r.loss_weights for r in g.rollouts}
     assert masks[6] == [0, 0]  # b was trained in leaf 5; the forced token stays 0
     assert sum(sum(m) for m in masks.values()) == 12 - 1
     # the forced token still carries its node's advantage (the mask, not the advantage, drops it)
@@ -413,13 +413,13 @@ def test_assign_tree_advantages_directly():
     assert leaf6.advantage == pytest.approx([-0.125, 0.25])
 
 
-def test_tree_adv_off_gives_flat_grpo_and_leaves_loss_mask_alone():
+def test_tree_adv_off_gives_flat_grpo_and_leaves_loss_weights_alone():
     g = tree_group(masks={6: [1, 0]})
     assign_advantages([g], ObjectiveConfig(scale_rewards="none", tree_adv=False))
     # flat GRPO, mean-centred: rewards [1, 1, 0, 1] - .75
     for r, a in zip(g.rollouts, [0.25, 0.25, -0.75, 0.25]):
         assert r.advantage == pytest.approx([a] * len(r.completion_ids))
-    assert [r.loss_mask for r in g.rollouts] == [None, None, None, [1, 0]]
+    assert [r.loss_weights for r in g.rollouts] == [None, None, None, [1, 0]]
 
 
 def test_flat_group_in_the_same_batch_is_unaffected():
@@ -432,13 +432,13 @@ def test_flat_group_in_the_same_batch_is_unaffected():
     t, f = tree_group(), flat_group()
     metrics = assign_advantages([t, f], ObjectiveConfig())
     assert [r.advantage for r in f.rollouts] == [r.advantage for r in alone.rollouts]
-    assert [r.loss_mask for r in f.rollouts] == [None, None]
+    assert [r.loss_weights for r in f.rollouts] == [None, None]
     # the tree group, scaled by its own std .5: leaf a1 [.25, .25, .125, .125] / .500001
     assert t.rollouts[0].advantage == pytest.approx([0.25 / 0.500001] * 2 + [0.125 / 0.500001] * 2, abs=1e-9)
     assert metrics["groups/zero_signal"] == 0.0
 
 
-# -- token_weights with lengths; build_batch with loss_mask -------------------------------
+# -- token_weights with lengths; build_batch with loss_weights -------------------------------
 def test_seq_mean_token_mean_with_lengths():
     # row 0: a 4-token sequence whose first 2 tokens are trained elsewhere; row 1: 2 tokens
     mask = torch.tensor([[0.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
@@ -453,28 +453,31 @@ def test_seq_mean_token_mean_with_lengths():
     torch.testing.assert_close(token_weights(mask, "seq_mean_token_mean", lengths=torch.tensor([2, 2])), w)
 
 
-def test_build_batch_multiplies_the_completion_mask_by_loss_mask():
-    def rollout(ids, loss_mask=None, reason="stop"):
+def test_build_batch_keeps_the_completion_mask_and_loss_weights_apart():
+    def rollout(ids, loss_weights=None, reason="stop"):
         n = len(ids)
         return Rollout(prompt_id="p", prompt_ids=[1, 2], completion_ids=ids, behavior_logprobs=[-1.0] * n,
-                       versions=[0] * n, finish_reason=reason, advantage=[1.0] * n, loss_mask=loss_mask)
+                       versions=[0] * n, finish_reason=reason, advantage=[1.0] * n, loss_weights=loss_weights)
 
     g = RolloutGroup(prompt=Prompt(id="p", text="x", token_ids=[1, 2]),
                      rollouts=[rollout([5, 6, 7], [1, 0, 1]), rollout([5]), rollout([8, 9], [0, 1], "length")])
     b = build_batch([g], pad_token_id=0)
     # width 2 + 3 = 5 -> 4 columns; column p − 1 = 1 scores the first completion token
-    assert b.completion_mask.tolist() == [[0, 1, 0, 1], [0, 1, 0, 0], [0, 0, 1, 0]]
+    assert b.completion_mask.tolist() == [[0, 1, 1, 1], [0, 1, 0, 0], [0, 1, 1, 0]]  # every completion token
+    assert b.loss_weights.tolist() == [[0, 1, 0, 1], [0, 1, 0, 0], [0, 0, 1, 0]]  # what is trained
     assert b.advantages.tolist() == [[0, 1, 1, 1], [0, 1, 0, 0], [0, 1, 1, 0]]  # advantages are not masked
     assert b.completion_lengths.tolist() == [3, 1, 2]
     b = build_batch([g], pad_token_id=0, mask_truncated=True)
-    assert b.completion_mask[2].tolist() == [0, 0, 0, 0]  # truncated: nothing trained
-    assert b.completion_mask[0].tolist() == [0, 1, 0, 1]
+    assert b.loss_weights[2].tolist() == [0, 0, 0, 0]  # truncated: nothing trained
+    assert b.loss_weights[0].tolist() == [0, 1, 0, 1]
+    assert b.completion_mask[2].tolist() == [0, 1, 1, 0]
 
 
 def test_build_batch_on_a_tree_group_trains_each_unique_token_once():
     g = tree_group(masks={6: [1, 0]})
     assign_advantages([g], ObjectiveConfig(scale_rewards="none"))
     b = build_batch([g], pad_token_id=0)
-    assert int((b.completion_mask > 0).sum()) == g.tree.unique_tokens - 1  # 9 unique, one forced
-    assert int(b.completion_mask.sum()) == 12 - 1  # weights: shared nodes count for both their leaves
+    assert int((b.loss_weights > 0).sum()) == g.tree.unique_tokens - 1  # 9 unique, one forced
+    assert int(b.loss_weights.sum()) == 12 - 1  # weights: shared nodes count for both their leaves
+    assert int(b.completion_mask.sum()) == 12  # the 0/1 mask: every leaf's tokens, shared or not
     assert b.completion_lengths.tolist() == [4, 3, 3, 2]  # lengths keep the masked tokens

@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rollwise.cli import app
+from rollwise.config import ConfigError
 from rollwise.train.config import load_run_config
 from rollwise.train.loop import Trainer
 from rollwise.train.metrics import read_metrics
@@ -14,8 +15,6 @@ FAST = [
     "task.max_digits=2", "task.eval_size=8", "rollout.prompts_per_step=4", "rollout.num_generations=4",
     "rollout.max_new_tokens=32", "train.eval_samples=2", "optim.micro_batch_size=8", "model.threads=1",
 ]
-# metrics that must match exactly between an uninterrupted and a resumed run (timings excluded)
-COMPARED = ["reward/mean", "loss", "grad_norm", "entropy", "length/mean", "tokens/total"]
 
 
 def fast_config(tmp_path, *extra):
@@ -29,30 +28,6 @@ def run_steps(trainer: Trainer, n: int) -> list[dict]:
         trainer.log.log(trainer.state.step, m)
         out.append(m)
     return out
-
-
-def test_resume_continues_exactly(tmp_path):
-    cfg = fast_config(tmp_path, "name=full", "sft.steps=10", "optim.schedule=cosine", "train.steps=8")
-    full = Trainer(cfg)
-    full.prepare()
-    uninterrupted = run_steps(full, 8)
-
-    cfg = fast_config(tmp_path, "name=cut", "sft.steps=10", "optim.schedule=cosine", "train.steps=8")
-    first = Trainer(cfg)
-    first.prepare()
-    run_steps(first, 3)
-    first.checkpoint()
-    run_steps(first, 1)  # work after the checkpoint is lost when the process dies
-    del first
-
-    resumed = Trainer(cfg)
-    resumed.prepare(resume=True)
-    assert resumed.state.step == 3
-    after = run_steps(resumed, 5)
-    for k in COMPARED:
-        assert [m[k] for m in after] == [m[k] for m in uninterrupted[3:8]], k
-    logged = [m["step"] for m in read_metrics(tmp_path / "cut") if "loss" in m]
-    assert logged == [1, 2, 3, 4, 5, 6, 7, 8]  # the lost step-4 line was dropped, then re-logged
 
 
 @pytest.mark.parametrize(
@@ -87,7 +62,7 @@ def test_countdown_and_file_tasks_train(tmp_path):
 
 def test_resume_without_checkpoint_is_an_error(tmp_path):
     trainer = Trainer(fast_config(tmp_path, "name=none"))
-    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+    with pytest.raises(ConfigError, match="no checkpoint"):
         trainer.prepare(resume=True)
 
 
@@ -174,45 +149,6 @@ def test_thirty_rl_steps_raise_mean_reward(tmp_path):
     # busy neighbour cannot slow it by oversubscription) sums in another order, so its numbers differ slightly
     assert after > before + 0.05, (before, after, rewards)
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10, rewards
-
-
-def test_killed_process_resumes_like_the_uninterrupted_run(tmp_path):
-    """SIGKILL a real `rollwise train` process after its first checkpoint, then --resume it."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    sets = [f"output_dir={tmp_path}", "sft.steps=5", "train.steps=12", "train.checkpoint_every=2",
-            "train.eval_every=0", *FAST]
-    cli = [sys.executable, "-m", "rollwise.cli", "train"]
-
-    def args(name):
-        return cli + sum((["--set", s] for s in [f"name={name}", *sets]), [])
-
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    subprocess.run(args("whole"), check=True, capture_output=True, env=env, timeout=300)
-    proc = subprocess.Popen(args("killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.time() + 300
-    while not (tmp_path / "killed" / "checkpoints" / "step_000002").exists():
-        assert proc.poll() is None and time.time() < deadline, "run ended before its first checkpoint"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=60) == -signal.SIGKILL  # it died mid-run, not after finishing
-    assert not (tmp_path / "killed" / "summary.json").exists()
-    subprocess.run(args("killed") + ["--resume"], check=True, capture_output=True, env=env, timeout=300)
-
-    def steps(name):
-        return {m["step"]: m for m in read_metrics(tmp_path / name) if "loss" in m}
-
-    whole, killed = steps("whole"), steps("killed")
-    assert sorted(killed) == list(range(1, 13))
-    for step in range(3, 13):
-        for key in COMPARED:
-            assert killed[step][key] == whole[step][key], (step, key)
-    summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
-    assert summary["steps"] == 12 and summary["generated_tokens"] == int(whole[12]["tokens/total"])
 
 
 def test_local_qwen2_model_directory_trains(tmp_path):

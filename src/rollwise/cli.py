@@ -42,7 +42,8 @@ JsonOpt = Annotated[Path | None, typer.Option("--json", help="write results as J
 
 
 def friendly_errors(fn):
-    """Turn user-fixable errors into one line on stderr and exit code 2."""
+    """Turn user-fixable errors (``ConfigError``: config, paths, data) into one line on stderr and
+    exit code 2. Anything else is a bug and keeps its traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -50,7 +51,7 @@ def friendly_errors(fn):
 
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, ValueError, FileNotFoundError) as err:
+        except ConfigError as err:
             if os.environ.get("ROLLWISE_DEBUG"):
                 raise
             Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {err}", highlight=False)
@@ -82,6 +83,7 @@ def sft(
     out: Annotated[Path, typer.Option(help="directory to save the warm-started model")] = Path("runs/sft_model"),
 ):
     """Supervised warm start on the task's demonstrations; saves a Hugging Face model directory."""
+    from rollwise.config import ConfigError
     from rollwise.model.load import load_model_and_tokenizer
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import seed_everything
@@ -89,7 +91,7 @@ def sft(
 
     cfg = load_run_config(str(recipe) if recipe else None, set_ or [])
     if cfg.sft.steps == 0:
-        raise ValueError("sft.steps is 0: nothing to train (pass --set sft.steps=300)")
+        raise ConfigError("sft.steps is 0: nothing to train (pass --set sft.steps=300)")
     seed_everything(cfg.seed)
     task = cfg.task.build(cfg.seed)
     model, tok = load_model_and_tokenizer(cfg.model, seed=cfg.seed)

@@ -12,6 +12,17 @@ from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "aborted", "pruned"]
 
+CORRECT_ABOVE = 0.5  # a verifier score above this counts as a correct answer (verifiers score 0 or 1)
+
+
+def is_correct(score: float) -> bool:
+    """The one definition of "correct": a verifier score above ``CORRECT_ABOVE``.
+
+    >>> is_correct(1.0), is_correct(0.4)
+    (True, False)
+    """
+    return score > CORRECT_ABOVE
+
 
 @dataclass
 class Prompt:
@@ -52,14 +63,17 @@ class Rollout:
     versions: list[int]
     finish_reason: FinishReason
     completion_text: str = ""
-    reward: float = 0.0
+    # the reward functions' weighted total (the verifiers' verdict), set by the Filter stage; shaping
+    # terms (DAPO's overlong penalty) are added to ``reward`` only, so they never change what is correct
+    score: float | None = None
+    reward: float = 0.0  # what advantages are computed from: ``score`` + shaping terms
     reward_components: dict[str, float] = field(default_factory=dict)
     reward_reasons: dict[str, str] = field(default_factory=dict)
     advantage: list[float] | None = None  # per completion token, set by optim
     node_path: list[int] | None = None  # tree rollouts: node ids from root to leaf
     # per-token loss weight: 0 = not trained (a forced token; a tree prefix trained in another
     # leaf), k = stands for k rollouts (a tree node shared by k leaves, trained once); None = all 1
-    loss_mask: list[int] | None = None
+    loss_weights: list[int] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -68,22 +82,90 @@ class Rollout:
                 f"Rollout per-token fields disagree: {n} completion ids, "
                 f"{len(self.behavior_logprobs)} logprobs, {len(self.versions)} versions"
             )
-        if self.loss_mask is not None and len(self.loss_mask) != n:
-            raise ValueError(f"Rollout loss_mask has {len(self.loss_mask)} entries for {n} completion ids")
+        if self.loss_weights is not None and len(self.loss_weights) != n:
+            raise ValueError(f"Rollout loss_weights has {len(self.loss_weights)} entries for {n} completion ids")
 
     @property
     def num_tokens(self) -> int:
         return len(self.completion_ids)
 
+    @property
+    def correct(self) -> bool:
+        """The verifiers judged this completion correct (``is_correct(score)``; ``reward`` before scoring)."""
+        return is_correct(self.reward if self.score is None else self.score)
+
+
+@dataclass
+class Node:
+    """A maximal run of completion tokens between two forks, shared by every leaf below it."""
+
+    id: int
+    parent: int | None  # None for the root
+    start: int  # completion positions [start, end) this node holds
+    end: int | None = None  # None while a branch is still growing it
+    children: list[int] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return (self.end or self.start) - self.start
+
+
+@dataclass
+class Tree:
+    """One prompt's rollout tree (kept on ``RolloutGroup.tree``)."""
+
+    nodes: list[Node] = field(default_factory=lambda: [Node(0, None, 0, 0)])
+    removed: set[int] = field(default_factory=set)  # pruned nodes (kept for ids, not part of the tree)
+
+    def add(self, parent: int, start: int) -> int:
+        node = Node(len(self.nodes), parent, start)
+        self.nodes.append(node)
+        self.nodes[parent].children.append(node.id)
+        return node.id
+
+    def path(self, node: int) -> list[int]:
+        """Node ids from the root to ``node``."""
+        out = []
+        while node is not None:
+            out.append(node)
+            node = self.nodes[node].parent
+        return out[::-1]
+
+    def subtree(self, node: int) -> list[int]:
+        """``node`` and every node below it."""
+        out, stack = [], [node]
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(self.nodes[n].children)
+        return out
+
+    def remove(self, node: int) -> None:
+        """Drop a pruned node and everything below it."""
+        self.nodes[self.nodes[node].parent].children.remove(node)
+        self.removed.update(self.subtree(node))
+
+    def live_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.id not in self.removed]
+
+    @property
+    def unique_tokens(self) -> int:
+        """Completion tokens held by the tree's nodes, each counted once."""
+        return sum(n.length for n in self.live_nodes())
+
+    def to_dict(self) -> dict:
+        return {"nodes": [{"id": n.id, "parent": n.parent, "start": n.start, "end": n.end}
+                          for n in self.live_nodes()]}
+
 
 @dataclass
 class RolloutGroup:
-    """The rollouts of one prompt: a flat group, or the leaves of a tree (``tree`` is then a
-    ``rollwise.generate.forest.Tree`` and each rollout's ``node_path`` names its nodes)."""
+    """The rollouts of one prompt: a flat group, or the leaves of a tree (``tree`` then holds
+    the node structure and each rollout's ``node_path`` names its nodes)."""
 
     prompt: Prompt
     rollouts: list[Rollout]
-    tree: Any | None = None  # tree rollouts keep their node structure here
+    tree: Tree | None = None  # tree rollouts keep their node structure here
 
     @property
     def rewards(self) -> list[float]:
@@ -91,7 +173,7 @@ class RolloutGroup:
 
     @property
     def pass_rate(self) -> float:
-        return sum(r.reward > 0.5 for r in self.rollouts) / max(len(self.rollouts), 1)
+        return sum(r.correct for r in self.rollouts) / max(len(self.rollouts), 1)
 
 
 class Score(float):

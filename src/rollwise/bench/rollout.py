@@ -38,6 +38,7 @@ from rich.table import Table
 
 from rollwise.bench.engine import _quiet_transformers
 from rollwise.config import StrictModel, apply_overrides, validate
+from rollwise.optim.advantages import is_zero_signal
 from rollwise.generate.latr import LatrConfig
 from rollwise.generate.tree import TreeConfig
 
@@ -170,10 +171,10 @@ def _sampling_arms(cfg: RolloutBenchConfig, warm: Path, console) -> dict:
                 engine = SlotEngine(model, pad_token_id=tok.pad_token_id, max_batch_size=256, seed=cfg.seed)
                 sampler = make()
                 start = time.perf_counter()
-                groups = sampler.generate(engine, prompts, [cfg.num_generations] * len(prompts), seed=cfg.seed)
+                groups, metrics = sampler.generate(engine, prompts, [cfg.num_generations] * len(prompts), seed=cfg.seed)
                 seconds = time.perf_counter() - start
                 score_groups(groups, rewards)
-                runs[name].append((seconds, groups, engine.stats.decode_tokens, sampler.last_metrics))
+                runs[name].append((seconds, groups, engine.stats.decode_tokens, metrics))
     results = {}
     for name, rs in runs.items():
         seconds, groups, sampled, metrics = rs[0]
@@ -184,7 +185,7 @@ def _sampling_arms(cfg: RolloutBenchConfig, warm: Path, console) -> dict:
             "leaves_per_prompt": leaves / len(groups),
             "mean_reward": sum(r.reward for g in groups for r in g.rollouts) / leaves,
             "distinct_per_group": sum(len({tuple(r.completion_ids) for r in g.rollouts}) for g in groups) / len(groups),
-            "mixed_groups": sum(len({r.reward for r in g.rollouts}) > 1 for g in groups) / len(groups),
+            "mixed_groups": sum(not is_zero_signal(g.rewards) for g in groups) / len(groups),
             "same_tokens_every_run": len({r[2] for r in rs}) == 1,
             **{k.split("/", 1)[1]: v for k, v in metrics.items()},
         }
@@ -194,7 +195,7 @@ def _sampling_arms(cfg: RolloutBenchConfig, warm: Path, console) -> dict:
 # -- training arms -------------------------------------------------------------------------
 def _training_arms(cfg: RolloutBenchConfig, warm: Path, tmp: Path, console) -> dict:
     from rollwise.train.config import load_run_config
-    from rollwise.train.loop import Trainer
+    from rollwise.train.loop import Trainer, Until
 
     tree = cfg.tree
     tree_opts = [f"rollout.tree.{k}={v}" for k, v in tree.model_dump().items()]
@@ -211,20 +212,17 @@ def _training_arms(cfg: RolloutBenchConfig, warm: Path, tmp: Path, console) -> d
                     "optim.micro_batch_size=128", "train.steps=100000", f"train.max_generated_tokens={cfg.train_tokens}",
                     "train.eval_samples=0", "train.log_samples=0",
                 ])
-                trainer = Trainer(run)
-                trainer.prepare()
-                initial = trainer.record_eval().accuracy
-                start = time.perf_counter()
-                while trainer.state.generated_tokens < cfg.train_tokens:
-                    status.update(f"training: {arm}, seed {seed}, step {trainer.state.step + 1}, "
-                                  f"{trainer.state.generated_tokens:,}/{cfg.train_tokens:,} tokens")
-                    trainer.log.log(trainer.state.step + 1, trainer.step())
-                seconds = time.perf_counter() - start
-                final = trainer.record_eval().accuracy
-                trainer.log.close()
-                runs[arm].append({"seed": seed, "initial_accuracy": initial, "final_accuracy": final,
-                                  "steps": trainer.state.step, "generated_tokens": trainer.state.generated_tokens,
-                                  "seconds": seconds})
+                with Trainer(run) as trainer:
+                    trainer.prepare()
+
+                    def show(step, _metrics, arm=arm, seed=seed, trainer=trainer):
+                        status.update(f"training: {arm}, seed {seed}, step {step}, "
+                                      f"{trainer.state.generated_tokens:,}/{cfg.train_tokens:,} tokens")
+
+                    summary = trainer.fit(Until(generated_tokens=cfg.train_tokens), on_step=show)
+                runs[arm].append({"seed": seed, "initial_accuracy": summary["initial_accuracy"],
+                                  "final_accuracy": summary["final_accuracy"], "steps": summary["steps"],
+                                  "generated_tokens": summary["generated_tokens"], "seconds": summary["wall_seconds"]})
     return runs
 
 
@@ -257,7 +255,7 @@ def _april_arm(cfg: RolloutBenchConfig, console) -> dict:
             for p in prompts:
                 p.token_ids = tok(p.text)["input_ids"]
             start = time.perf_counter()
-            groups = sampler.generate(engine, prompts, [cfg.num_generations] * n, seed=cfg.seed * 1000 + step)
+            groups, _ = sampler.generate(engine, prompts, [cfg.num_generations] * n, seed=cfg.seed * 1000 + step)
             seconds += time.perf_counter() - start
             engine.load_weights(model)  # as between training steps: the version moves
             tokens += sum(r.num_tokens for g in groups for r in g.rollouts)

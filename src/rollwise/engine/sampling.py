@@ -38,21 +38,27 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
+def filter_mask(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """[..., V] bool: the tokens top-k [...] (0 = all) and the top-p [...] nucleus drop from the
+    temperature-scaled logits ``scaled`` [..., V]. Shared by the sampler and the trainer
+    (``rollwise.model.logprobs``) so both see one distribution."""
+    with torch.no_grad():
+        vocab = scaled.shape[-1]
+        sorted_logits, order = scaled.sort(dim=-1, descending=True)
+        rank = torch.arange(vocab, device=scaled.device).expand_as(sorted_logits)
+        k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+        drop = rank >= k[..., None]
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+        # keep a token while the mass strictly before it is below top_p (the first token always stays)
+        drop |= (probs.cumsum(-1) - probs) >= top_p[..., None]
+        return torch.zeros_like(drop).scatter(-1, order, drop)
+
+
 def filtered_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
     """Log-probs of the sampling distribution per row: logits [B, V] / temperature [B],
     restricted to the top_k [B] (0 = all) tokens and the top-p [B] nucleus."""
     scaled = logits / temperature[:, None]
-    vocab = logits.shape[-1]
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)  # [B, V]
-    rank = torch.arange(vocab, device=logits.device)[None, :]
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
-    drop = rank >= k[:, None]
-    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
-    # keep a token while the mass strictly before it is below top_p (the first token always stays)
-    drop |= (probs.cumsum(-1) - probs) >= top_p[:, None]
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    filtered = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
-    return filtered.log_softmax(-1)
+    return scaled.masked_fill(filter_mask(scaled, top_k, top_p), float("-inf")).log_softmax(-1)
 
 
 def sample_next(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]):

@@ -38,18 +38,18 @@ def evaluate(
     engine: Engine, prompts: list[Prompt], judge: RewardFn, decode, *, max_new_tokens: int, stop_token_ids,
     samples: int = 0, temperature: float = 1.0, seed: int = 0, keep: int = 4,
 ) -> EvalResult:
-    """Greedy accuracy (``judge`` reward > 0.5) and, when ``samples`` > 0, pass@1 and pass@samples."""
+    """Greedy accuracy (``judge`` says correct: ``rollwise.types.is_correct``) and, when ``samples`` > 0, pass@1 and pass@samples."""
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids))
     groups = _groups(engine, prompts, greedy, 1, decode, seed)
     score_groups(groups, [judge])
-    correct = [g.rollouts[0].reward > 0.5 for g in groups]
+    correct = [g.rollouts[0].correct for g in groups]
     lengths = [g.rollouts[0].num_tokens for g in groups]
     pass_at: dict[int, float] = {}
     if samples > 0:
         sampled = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids))
         sgroups = _groups(engine, prompts, sampled, samples, decode, seed)
         score_groups(sgroups, [judge])
-        counts = [sum(r.reward > 0.5 for r in g.rollouts) for g in sgroups]
+        counts = [sum(r.correct for r in g.rollouts) for g in sgroups]
         for k in sorted({1, samples}):
             pass_at[k] = sum(pass_at_k(samples, c, k) for c in counts) / len(counts)
     kept = [

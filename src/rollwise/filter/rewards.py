@@ -113,6 +113,6 @@ def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict
             metrics[f"reward/{rf.name}"] = sum(applied) / len(applied)
         metrics[f"reward/{rf.name}/errors"] = float(errors)
     for (_, r), total in zip(rollouts, totals):
-        r.reward = total
+        r.score = r.reward = total  # the verdict; shaping terms later add to ``reward`` only
     return metrics
 

@@ -1,14 +1,15 @@
 """Generate: the shape of the rollouts (how many, from where they branch).
 
-Every strategy keeps one contract: ``generate(engine, prompts, budgets, seed) ->
-list[RolloutGroup]`` (``budgets[i]`` rollouts or leaves for ``prompts[i]``), plus
+Every strategy is a ``Generator`` (``generate/base.py``): ``generate(engine, prompts, budgets,
+seed) -> (groups, metrics)`` (``budgets[i]`` rollouts or leaves for ``prompts[i]``), plus
 ``prompts_wanted(n)`` (fresh prompts it takes when a step needs ``n`` groups) and
-``last_metrics``. Strategies with state that outlives a step (APRIL's carry-over buffer,
-TreePO's running entropy percentile) have ``state_dict``/``load_state_dict``, saved with
-every checkpoint.
+``state_dict``/``load_state_dict`` (``{}`` for stateless strategies; APRIL's carry-over buffer
+and TreePO's running entropy percentile otherwise), saved with every checkpoint.
 """
 
 from __future__ import annotations
+
+from rollwise.generate.base import Generator
 
 STRATEGIES = {
     "group": "independent samples, rollout.num_generations per prompt (GRPO's rollout)",
@@ -18,7 +19,7 @@ STRATEGIES = {
 }
 
 
-def build_generator(rollout, params, decode):
+def build_generator(rollout, params, decode) -> Generator:
     """The generator ``rollout.strategy`` names, configured from ``rollout`` (a ``RolloutConfig``)."""
     from rollwise.generate.april import AprilSampler
     from rollwise.generate.group import GroupSampler

@@ -37,10 +37,12 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 from pydantic import Field
 
+from rollwise.config import ConfigError
 from rollwise.config import StrictModel
 from rollwise.engine.engine import Request
 from rollwise.engine.sampling import SamplingParams
 from rollwise.engine.state import PartialState
+from rollwise.generate.base import Generator
 from rollwise.generate.group import to_rollout
 from rollwise.types import Prompt, Rollout, RolloutGroup
 
@@ -68,7 +70,7 @@ class _Flight:
 
 
 @dataclass
-class AprilSampler:
+class AprilSampler(Generator):
     params: SamplingParams
     decode: object
     cfg: AprilConfig
@@ -78,7 +80,6 @@ class AprilSampler:
         self.buffer: list[_Flight] = []
         self.started = 0  # rollouts ever submitted
         self.trained = 0  # rollouts ever returned in complete groups
-        self.last_metrics: dict[str, float] = {}
 
     @property
     def carried(self) -> int:
@@ -88,9 +89,10 @@ class AprilSampler:
         """Fresh prompts to add this step: fill ``over_provision · n`` groups after the carried ones."""
         return max(math.ceil(self.cfg.over_provision * n) - len(self.buffer), 0)
 
-    def generate(self, engine, prompts: list[Prompt], budgets: list[int], seed: int) -> list[RolloutGroup]:
+    def generate(self, engine, prompts: list[Prompt], budgets: list[int],
+                 seed: int) -> tuple[list[RolloutGroup], dict[str, float]]:
         if not hasattr(engine, "pause"):
-            raise ValueError("rollout.strategy=april needs the slot engine (pause/resume); set rollout.engine=slots "
+            raise ConfigError("rollout.strategy=april needs the slot engine (pause/resume); set rollout.engine=slots "
                              "(Llama/Qwen2/Mistral models) or use rollout.strategy=group")
         flights, owner = [], {}
         resumed_tokens = 0
@@ -119,14 +121,14 @@ class AprilSampler:
         returned = sum(len(g.rollouts) for g in groups)
         self.trained += returned
         versions = [v for g in groups for r in g.rollouts for v in r.versions]
-        self.last_metrics = {
+        metrics = {
             "april/groups_returned": float(len(groups)), "april/carried_groups": float(len(self.buffer)),
             "april/carried_rollouts": float(self.carried), "april/started": float(self.started),
             "april/trained": float(self.trained), "april/resumed_tokens": float(resumed_tokens),
             "april/token_age_max": float(max(versions) - min(versions)) if versions else 0.0,
         }
         assert self.started == self.trained + self.carried, "APRIL lost a rollout"
-        return groups
+        return groups, metrics
 
     def _carry(self, engine, flights: list[_Flight], owner: dict[int, int], complete: set[int]) -> None:
         """Pause what still runs and keep every incomplete group (finished rollouts + partial states)."""

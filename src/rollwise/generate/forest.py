@@ -17,73 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from rollwise.config import ConfigError
 from rollwise.engine.engine import Request
 from rollwise.engine.sampling import SamplingParams
-from rollwise.generate.group import loss_mask
-from rollwise.types import Prompt, Rollout, RolloutGroup
+from rollwise.generate.group import forced_weights
+from rollwise.types import Node, Prompt, Rollout, RolloutGroup, Tree
 
 _MASK = 2**62 - 1
-
-
-@dataclass
-class Node:
-    id: int
-    parent: int | None  # None for the root
-    start: int  # completion positions [start, end) this node holds
-    end: int | None = None  # None while a branch is still growing it
-    children: list[int] = field(default_factory=list)
-
-    @property
-    def length(self) -> int:
-        return (self.end or self.start) - self.start
-
-
-@dataclass
-class Tree:
-    """One prompt's rollout tree (kept on ``RolloutGroup.tree``)."""
-
-    nodes: list[Node] = field(default_factory=lambda: [Node(0, None, 0, 0)])
-    removed: set[int] = field(default_factory=set)  # pruned nodes (kept for ids, not part of the tree)
-
-    def add(self, parent: int, start: int) -> int:
-        node = Node(len(self.nodes), parent, start)
-        self.nodes.append(node)
-        self.nodes[parent].children.append(node.id)
-        return node.id
-
-    def path(self, node: int) -> list[int]:
-        """Node ids from the root to ``node``."""
-        out = []
-        while node is not None:
-            out.append(node)
-            node = self.nodes[node].parent
-        return out[::-1]
-
-    def subtree(self, node: int) -> list[int]:
-        """``node`` and every node below it."""
-        out, stack = [], [node]
-        while stack:
-            n = stack.pop()
-            out.append(n)
-            stack.extend(self.nodes[n].children)
-        return out
-
-    def remove(self, node: int) -> None:
-        """Drop a pruned node and everything below it."""
-        self.nodes[self.nodes[node].parent].children.remove(node)
-        self.removed.update(self.subtree(node))
-
-    def live_nodes(self) -> list[Node]:
-        return [n for n in self.nodes if n.id not in self.removed]
-
-    @property
-    def unique_tokens(self) -> int:
-        """Completion tokens held by the tree's nodes, each counted once."""
-        return sum(n.length for n in self.live_nodes())
-
-    def to_dict(self) -> dict:
-        return {"nodes": [{"id": n.id, "parent": n.parent, "start": n.start, "end": n.end}
-                          for n in self.live_nodes()]}
 
 
 @dataclass
@@ -112,7 +52,7 @@ class Forest:
 
     def __init__(self, engine, prompts: list[Prompt], budgets: list[int], params: SamplingParams, seed: int):
         if not hasattr(engine, "fork"):
-            raise ValueError("tree-shaped rollout strategies need the slot engine (fork); set rollout.engine=slots "
+            raise ConfigError("tree-shaped rollout strategies need the slot engine (fork); set rollout.engine=slots "
                              "(Llama/Qwen2/Mistral models) or use rollout.strategy=group")
         self.engine, self.prompts, self.budgets, self.params, self.seed = engine, prompts, budgets, params, seed
         self.trees = [Tree() for _ in prompts]
@@ -221,7 +161,7 @@ class Forest:
                 Rollout(prompt_id=prompt.id, prompt_ids=list(prompt.token_ids), completion_ids=lf.token_ids,
                         behavior_logprobs=lf.logprobs, versions=lf.versions, finish_reason=lf.finish_reason,
                         completion_text=decode(lf.token_ids), node_path=tree.path(lf.node),
-                        loss_mask=loss_mask(len(lf.token_ids), lf.forced))
+                        loss_weights=forced_weights(len(lf.token_ids), lf.forced))
                 for lf in leaves
             ]
             groups.append(RolloutGroup(prompt=prompt, rollouts=rollouts, tree=tree))

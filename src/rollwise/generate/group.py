@@ -1,30 +1,29 @@
 """``group``: independent sampling, ``num_generations`` completions per prompt (GRPO's rollout).
 
-The contract every generator keeps: ``generate(engine, prompts, budgets) -> list[RolloutGroup]``,
-with ``budgets[i]`` the number of rollouts for ``prompts[i]`` (from ``control.allocate``).
+The contract every generator keeps (``rollwise.generate.base.Generator``):
+``generate(engine, prompts, budgets, seed) -> (groups, metrics)``, with ``budgets[i]`` the
+number of rollouts for ``prompts[i]`` (from ``control.allocate``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from rollwise.engine.engine import Completion, Engine, Request
 from rollwise.engine.sampling import SamplingParams
+from rollwise.generate.base import Generator
 from rollwise.types import Prompt, Rollout, RolloutGroup
 
 
 @dataclass
-class GroupSampler:
+class GroupSampler(Generator):
     """Sample every prompt's rollouts independently in one engine run."""
 
     params: SamplingParams
     decode: object  # token ids -> text (the tokenizer's decode, special tokens skipped)
-    last_metrics: dict = field(default_factory=dict)
 
-    def prompts_wanted(self, n: int) -> int:
-        return n
-
-    def generate(self, engine: Engine, prompts: list[Prompt], budgets: list[int], seed: int) -> list[RolloutGroup]:
+    def generate(self, engine: Engine, prompts: list[Prompt], budgets: list[int],
+                 seed: int) -> tuple[list[RolloutGroup], dict[str, float]]:
         requests, owners = [], []
         for pi, (prompt, n) in enumerate(zip(prompts, budgets)):
             for j in range(n):
@@ -36,7 +35,7 @@ class GroupSampler:
         groups = [RolloutGroup(prompt=p, rollouts=[]) for p in prompts]
         for pi, c in zip(owners, completions):
             groups[pi].rollouts.append(to_rollout(prompts[pi], c, self.decode))
-        return groups
+        return groups, {}
 
 
 def to_rollout(prompt: Prompt, c: Completion, decode) -> Rollout:
@@ -49,12 +48,12 @@ def to_rollout(prompt: Prompt, c: Completion, decode) -> Rollout:
         versions=c.versions,
         finish_reason=c.finish_reason,
         completion_text=decode(c.token_ids),
-        loss_mask=loss_mask(len(c.token_ids), c.forced),
+        loss_weights=forced_weights(len(c.token_ids), c.forced),
     )
 
 
-def loss_mask(n: int, forced: list[int]) -> list[int] | None:
-    """A rollout's loss mask: 0 at the ``forced`` positions (tokens placed, not sampled); None if none."""
+def forced_weights(n: int, forced: list[int]) -> list[int] | None:
+    """A rollout's loss weights: 0 at the ``forced`` positions (tokens placed, not sampled); None if none."""
     if not forced:
         return None
     mask = [1] * n

@@ -16,7 +16,7 @@ trajectories:
    with every branch that grew out of it meanwhile (their tokens are wasted and counted) and
    the budget they held is free again.
 
-A forced token was not sampled, so it is excluded from the loss (``Rollout.loss_mask``); its
+A forced token was not sampled, so it is excluded from the loss (``Rollout.loss_weights``); its
 behaviour log-prob is its probability under the sampling distribution. If a prompt's branches
 all finish short of the budget, fresh root samples fill it (as TreePO's fallback).
 
@@ -34,6 +34,7 @@ from pydantic import Field
 
 from rollwise.config import StrictModel
 from rollwise.engine.sampling import SamplingParams
+from rollwise.generate.base import Generator
 from rollwise.generate.forest import Forest
 from rollwise.types import Prompt, RolloutGroup
 
@@ -68,20 +69,17 @@ class _Pair:
 
 
 @dataclass
-class LatrSampler:
+class LatrSampler(Generator):
     params: SamplingParams
     decode: object
     cfg: LatrConfig
 
     def __post_init__(self) -> None:
         self.params = replace(self.params, top_candidates=max(self.params.top_candidates, 2))
-        self.last_metrics: dict[str, float] = {}
         self._log_threshold = math.log(self.cfg.branch_threshold)
 
-    def prompts_wanted(self, n: int) -> int:
-        return n
-
-    def generate(self, engine, prompts: list[Prompt], budgets: list[int], seed: int) -> list[RolloutGroup]:
+    def generate(self, engine, prompts: list[Prompt], budgets: list[int],
+                 seed: int) -> tuple[list[RolloutGroup], dict[str, float]]:
         forest = Forest(engine, prompts, budgets, self.params, seed)
         self._pairs: list[_Pair] = []
         self._branched = self._pruned = 0
@@ -89,9 +87,8 @@ class LatrSampler:
             forest.start(pi, min(self.cfg.root_branches, budget))
         forest.run(self._decide)
         assert not self._pairs, "a pair outlived both of its branches"
-        self.last_metrics = forest.metrics("latr") | {"latr/branches": float(self._branched),
-                                                      "latr/pruned": float(self._pruned)}
-        return forest.groups(self.decode)
+        metrics = forest.metrics("latr") | {"latr/branches": float(self._branched), "latr/pruned": float(self._pruned)}
+        return forest.groups(self.decode), metrics
 
     def _decide(self, forest: Forest) -> None:
         self._resolve(forest)

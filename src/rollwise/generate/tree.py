@@ -43,6 +43,7 @@ from pydantic import Field
 
 from rollwise.config import StrictModel
 from rollwise.engine.sampling import SamplingParams
+from rollwise.generate.base import Generator
 from rollwise.generate.forest import Forest
 from rollwise.types import Prompt, RolloutGroup
 
@@ -60,7 +61,7 @@ class TreeConfig(StrictModel):
 
 
 @dataclass
-class TreeSampler:
+class TreeSampler(Generator):
     params: SamplingParams
     decode: object
     cfg: TreeConfig
@@ -68,19 +69,15 @@ class TreeSampler:
 
     def __post_init__(self) -> None:
         self.entropies: deque[float] = deque(maxlen=self.window)
-        self.last_metrics: dict[str, float] = {}
 
-    def prompts_wanted(self, n: int) -> int:
-        return n
-
-    def generate(self, engine, prompts: list[Prompt], budgets: list[int], seed: int) -> list[RolloutGroup]:
+    def generate(self, engine, prompts: list[Prompt], budgets: list[int],
+                 seed: int) -> tuple[list[RolloutGroup], dict[str, float]]:
         cfg = self.cfg
         forest = Forest(engine, prompts, budgets, self.params, seed)
         for pi, budget in enumerate(budgets):
             forest.start(pi, min(cfg.root_branches, budget))
         forest.run(self._decide, fallback=cfg.fallback)
-        self.last_metrics = forest.metrics("tree")
-        return forest.groups(self.decode)
+        return forest.groups(self.decode), forest.metrics("tree")
 
     def _decide(self, forest: Forest) -> None:
         seg = self.cfg.segment_len

@@ -29,6 +29,11 @@
   correct answer is never pushed below zero by a length preference and Σ A = 0.
 
 std is Bessel-corrected (METHODS.md conventions); a group of one has std 0 and advantage 0.
+Statistics are computed in float64, and a group whose rewards do not spread (std at most
+``ZERO_STD`` relative to the rewards' magnitude: equal rewards, up to rounding) gets exactly
+zero advantage from every group-centred estimator, whatever the dtype of the rewards: dividing
+a mean's rounding error by ``std + eps`` would otherwise turn "no signal" into a large
+advantage (float32 rewards of 0.7 × 8 gave 0.056 per rollout).
 """
 
 from __future__ import annotations
@@ -37,14 +42,21 @@ from typing import Literal
 
 import torch
 
+from rollwise.types import is_correct
+
 ScaleRewards = Literal["group", "batch", "none"]
 EPS = 1e-6
+ZERO_STD = 1e-6  # relative: a group with std <= ZERO_STD * max(1, |mean|) has no reward spread
+
+
+def _out_dtype(rewards: torch.Tensor) -> torch.dtype:
+    return rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
 
 
 def group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample mean and Bessel-corrected std of its group. rewards, group_ids: [N]."""
+    """Per-sample mean and Bessel-corrected std of its group, in float64. rewards, group_ids: [N]."""
     groups, inverse = torch.unique(group_ids, return_inverse=True)
-    rewards = rewards.float() if not rewards.is_floating_point() else rewards
+    rewards = rewards.double()
     zeros = torch.zeros(len(groups), dtype=rewards.dtype, device=rewards.device)
     count = zeros.index_add(0, inverse, torch.ones_like(rewards))
     mean = (zeros.index_add(0, inverse, rewards) / count)[inverse]
@@ -53,25 +65,41 @@ def group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.T
     return mean, var.sqrt()[inverse]
 
 
+def no_spread(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """[N] bool: the sample's group has no reward spread (all equal up to rounding; a group of one).
+
+    >>> no_spread(torch.tensor([3.0034791813909303] * 3 + [1., 0]), torch.tensor([0, 0, 0, 1, 1]))
+    tensor([ True,  True,  True, False, False])
+    """
+    mean, std = group_stats(rewards, group_ids)
+    return std <= ZERO_STD * mean.abs().clamp(min=1.0)
+
+
+def is_zero_signal(rewards: list[float]) -> bool:
+    """One group's rewards carry no group-relative signal (``no_spread`` for a plain list)."""
+    return bool(no_spread(torch.tensor(rewards, dtype=torch.float64), torch.zeros(len(rewards), dtype=torch.long)).all()) \
+        if rewards else True
+
+
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale_rewards: ScaleRewards = "group"):
     """Advantages [N] for rewards [N] whose group membership is group_ids [N].
 
     >>> group_advantages(torch.tensor([1., 0, 0, 0]), torch.zeros(4, dtype=torch.long))
     tensor([ 1.5000, -0.5000, -0.5000, -0.5000])
     """
-    rewards = rewards.float() if not rewards.is_floating_point() else rewards
     mean, _ = group_stats(rewards, group_ids)
-    return (rewards - mean) / reward_scale(rewards, group_ids, scale_rewards)
+    adv = (rewards.double() - mean) / reward_scale(rewards, group_ids, scale_rewards)
+    return adv.masked_fill(no_spread(rewards, group_ids), 0.0).to(_out_dtype(rewards))
 
 
 def reward_scale(rewards: torch.Tensor, group_ids: torch.Tensor, scale_rewards: ScaleRewards) -> torch.Tensor:
-    """The divisor [N] of each sample's centred reward: group std + eps, batch std + eps, or 1."""
-    rewards = rewards.float() if not rewards.is_floating_point() else rewards
+    """The divisor [N] (float64) of each sample's centred reward: group std + eps, batch std + eps, or 1."""
+    rewards = rewards.double()
     if scale_rewards == "group":
         return group_stats(rewards, group_ids)[1] + EPS
     if scale_rewards == "batch":
         # one sample has no spread: an infinite divisor gives it advantage 0
-        std = rewards.std() if rewards.numel() > 1 else torch.tensor(float("inf"))
+        std = rewards.std() if rewards.numel() > 1 else torch.tensor(float("inf"), dtype=torch.float64)
         return torch.full_like(rewards, float(std) + EPS)
     if scale_rewards == "none":
         return torch.ones_like(rewards)
@@ -90,6 +118,8 @@ def tree_node_advantages(parents: dict[int, int | None], leaf_nodes: list[int], 
     >>> [adv[n] for n in (1, 2, 5, 6)]
     [0.25, -0.25, -0.625, 0.375]
     """
+    if is_zero_signal(list(rewards)):  # equal leaf rewards: no node is better than another
+        return {n: 0.0 for leaf in leaf_nodes for n in _path(parents, leaf) if parents[n] is not None}
     total: dict[int, float] = {}
     count: dict[int, int] = {}
     for leaf, r in zip(leaf_nodes, rewards):
@@ -102,6 +132,21 @@ def tree_node_advantages(parents: dict[int, int | None], leaf_nodes: list[int], 
     root = next(n for n, p in parents.items() if p is None)
     return {n: (1 - mix) * (v - value[root]) + mix * (v - value[parents[n]])
             for n, v in value.items() if n != root}
+
+
+def as_correct(values: torch.Tensor) -> torch.Tensor:
+    """[N] bool: a bool tensor as is; scores judged by ``rollwise.types.is_correct``."""
+    if values.dtype == torch.bool:
+        return values
+    return torch.tensor([is_correct(float(v)) for v in values], dtype=torch.bool)
+
+
+def _path(parents: dict[int, int | None], node: int | None) -> list[int]:
+    out = []
+    while node is not None:
+        out.append(node)
+        node = parents[node]
+    return out
 
 
 def _groups(group_ids: torch.Tensor) -> list[torch.Tensor]:
@@ -118,13 +163,12 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Ten
     >>> rloo_advantages(torch.tensor([1., 0, 0, 0]), torch.zeros(4, dtype=torch.long))
     tensor([ 1.0000, -0.3333, -0.3333, -0.3333])
     """
-    rewards = rewards.double()
-    out = torch.zeros_like(rewards)
+    out = torch.zeros(len(rewards), dtype=torch.float64)
     for ix in _groups(group_ids):
-        r = rewards[ix]
+        r = rewards[ix].double()
         if len(ix) > 1:
             out[ix] = r - (r.sum() - r) / (len(ix) - 1)
-    return out.to(torch.get_default_dtype())
+    return out.masked_fill(no_spread(rewards, group_ids), 0.0).to(torch.get_default_dtype())
 
 
 def reinforce_pp_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, token_counts: torch.Tensor) -> torch.Tensor:
@@ -134,9 +178,8 @@ def reinforce_pp_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, toke
     >>> reinforce_pp_advantages(torch.tensor([1., 0, 1, 1]), torch.tensor([0, 0, 1, 1]), torch.ones(4))
     tensor([ 1.2247, -1.2247,  0.0000,  0.0000])
     """
-    rewards = rewards.double()
     mean, _ = group_stats(rewards, group_ids)
-    centred = rewards - mean
+    centred = (rewards.double() - mean).masked_fill(no_spread(rewards, group_ids), 0.0)  # no rounding noise
     w = token_counts.double()
     n = w.sum()
     if n < 2:
@@ -162,20 +205,24 @@ def median_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[t
     return out, pivot
 
 
-def drpo_advantages(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor,
-                    threshold: float = 0.5) -> torch.Tensor:
-    """DRPO's decoupled advantages (correct = reward > ``threshold``).
+def drpo_advantages(correct: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """DRPO's decoupled advantages; ``correct`` [N] bool (float scores are judged by ``is_correct``).
 
-    >>> drpo_advantages(torch.tensor([1., 1, 0]), torch.tensor([100., 300, 50]), torch.zeros(3, dtype=torch.long))
+    >>> drpo_advantages(torch.tensor([True, True, False]), torch.tensor([100., 300, 50]), torch.zeros(3, dtype=torch.long))
     tensor([ 0.4874,  0.1793, -0.6667])
     """
-    out = torch.zeros(len(rewards), dtype=torch.float64)
+    correct_all = as_correct(correct)
+    out = torch.zeros(len(correct_all), dtype=torch.float64)
     for ix in _groups(group_ids):
-        correct = rewards[ix] > threshold
+        correct = correct_all[ix]
         n_pos, size = int(correct.sum()), len(ix)
+        if n_pos in (0, size):  # all wrong or all right: no signal
+            continue
         p = n_pos / size
         out[ix[~correct]] = -p
-        if n_pos:
-            pos_len = lengths[ix][correct].double()
-            out[ix[correct]] = (1 - p) * n_pos * torch.softmax(-pos_len / pos_len.mean(), 0)
+        pos_len = lengths[ix][correct].double()
+        mean_len = pos_len.mean()
+        # empty correct completions (mean length 0) share the positive mass equally instead of 0/0
+        logits = -pos_len / mean_len if mean_len > 0 else torch.zeros_like(pos_len)
+        out[ix[correct]] = (1 - p) * n_pos * torch.softmax(logits, 0)
     return out.to(torch.get_default_dtype())

@@ -2,6 +2,16 @@
 
 Sequences are ``prompt + completion``, right-padded. Per-token tensors are aligned with
 next-token log-probs: column ``t`` scores ``input_ids[:, t + 1]``, so they are ``[B, T-1]``.
+
+Two per-token tensors say what is trained, and they are kept apart:
+
+- ``completion_mask`` (0/1): the column scores a completion token of this row — every one,
+  trained or not. A sequence's length is its row sum.
+- ``loss_weights``: how much the token's loss counts. 0 = not trained (a forced token, a
+  tree prefix trained in another leaf, MC-GRPO's pivot, a truncated rollout under
+  ``mask_truncated_completions``); 1 = an ordinary token; k = a tree node shared by k leaves,
+  trained once for all of them. ``trained = loss_weights > 0`` is where losses, ratios and
+  their statistics are computed.
 """
 
 from __future__ import annotations
@@ -17,15 +27,25 @@ from rollwise.types import RolloutGroup
 class TrainBatch:
     input_ids: torch.Tensor  # [B, T] prompt + completion, right-padded
     attention_mask: torch.Tensor  # [B, T]
-    completion_mask: torch.Tensor  # [B, T-1] 1 where column t scores a sampled completion token
+    completion_mask: torch.Tensor  # [B, T-1] 0/1: column t scores a completion token of the row
+    loss_weights: torch.Tensor  # [B, T-1] the token's weight in the loss (0 = not trained, k = k leaves)
     behavior_logprobs: torch.Tensor  # [B, T-1] from the engine, 0 off the completion
     advantages: torch.Tensor  # [B, T-1] per token (sequence advantages broadcast)
     rewards: torch.Tensor  # [B]
     group_ids: torch.Tensor  # [B]
-    completion_lengths: torch.Tensor  # [B]
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        """[B] completion tokens per row (untrained ones included)."""
+        return self.completion_mask.sum(-1)
+
+    @property
+    def trained_mask(self) -> torch.Tensor:
+        """[B, T-1] 0/1: the tokens that carry a loss."""
+        return (self.loss_weights > 0).to(self.loss_weights.dtype)
 
     def select(self, rows: slice | torch.Tensor) -> "TrainBatch":
         """A sub-batch (micro-batch) of the given rows, trimmed to its own longest sequence."""
@@ -35,11 +55,11 @@ class TrainBatch:
             input_ids=self.input_ids[rows][:, :width],
             attention_mask=attn[:, :width],
             completion_mask=self.completion_mask[rows][:, : width - 1],
+            loss_weights=self.loss_weights[rows][:, : width - 1],
             behavior_logprobs=self.behavior_logprobs[rows][:, : width - 1],
             advantages=self.advantages[rows][:, : width - 1],
             rewards=self.rewards[rows],
             group_ids=self.group_ids[rows],
-            completion_lengths=self.completion_lengths[rows],
         )
 
     def to(self, device) -> "TrainBatch":
@@ -50,8 +70,9 @@ def build_batch(groups: list[RolloutGroup], pad_token_id: int, mask_truncated: b
     """Pad the rollouts of ``groups`` into a TrainBatch; ``Rollout.advantage`` must be set.
 
     ``mask_truncated`` (TRL's ``mask_truncated_completions``) zeroes the completion mask of
-    rollouts that hit the length limit, so they carry no gradient; ``Rollout.loss_mask``
-    zeroes single tokens (forced tokens, tree prefixes trained in another leaf).
+    rollouts that hit the length limit, so they carry no gradient; ``Rollout.loss_weights``
+    sets single tokens' weights (0: forced tokens, tree prefixes trained in another leaf; k: a
+    tree node shared by k leaves).
     """
     rollouts = [(gi, r) for gi, g in enumerate(groups) for r in g.rollouts]
     if not rollouts:
@@ -61,6 +82,7 @@ def build_batch(groups: list[RolloutGroup], pad_token_id: int, mask_truncated: b
     input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((n, width), dtype=torch.long)
     completion_mask = torch.zeros((n, width - 1))
+    loss_weights = torch.zeros((n, width - 1))
     behavior = torch.zeros((n, width - 1))
     advantages = torch.zeros((n, width - 1))
     for i, (_, r) in enumerate(rollouts):
@@ -71,17 +93,18 @@ def build_batch(groups: list[RolloutGroup], pad_token_id: int, mask_truncated: b
         attention_mask[i, : p + c] = 1
         span = slice(p - 1, p - 1 + c)  # column p-1 scores the first completion token
         keep = not (mask_truncated and r.finish_reason == "length")
-        completion_mask[i, span] = float(keep) * (torch.tensor(r.loss_mask, dtype=torch.float)
-                                                  if r.loss_mask is not None else 1.0)
+        completion_mask[i, span] = 1.0
+        loss_weights[i, span] = float(keep) * (torch.tensor(r.loss_weights, dtype=torch.float)
+                                               if r.loss_weights is not None else 1.0)
         behavior[i, span] = torch.tensor(r.behavior_logprobs)
         advantages[i, span] = torch.tensor(r.advantage)
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         completion_mask=completion_mask,
+        loss_weights=loss_weights,
         behavior_logprobs=behavior,
         advantages=advantages,
         rewards=torch.tensor([r.reward for _, r in rollouts]),
         group_ids=torch.tensor([gi for gi, _ in rollouts]),
-        completion_lengths=torch.tensor([len(r.completion_ids) for _, r in rollouts]),
     )

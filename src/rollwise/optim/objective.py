@@ -30,6 +30,7 @@ from rollwise.optim.advantages import (
     ScaleRewards,
     drpo_advantages,
     group_advantages,
+    is_zero_signal,
     median_advantages,
     reinforce_pp_advantages,
     reward_scale,
@@ -144,35 +145,42 @@ def assign_advantages(groups: list[RolloutGroup], cfg: ObjectiveConfig) -> dict[
             for r, a, out in zip(g.rollouts, adv[i : i + n], excluded[i : i + n]):
                 r.advantage = [a] * len(r.completion_ids)
                 if out:  # MC-GRPO's pivot: no gradient
-                    r.loss_mask = [0] * len(r.completion_ids)
+                    r.loss_weights = [0] * len(r.completion_ids)
         i += n
-    zero = sum(1 for g in groups if len({r.reward for r in g.rollouts}) <= 1)
+    zero = sum(1 for g in groups if is_zero_signal(g.rewards))
     token_adv = [abs(a) for g in groups for r in g.rollouts
-                 for a, m in zip(r.advantage, r.loss_mask or [1] * len(r.advantage)) if m]  # trained tokens
+                 for a, m in zip(r.advantage, r.loss_weights or [1] * len(r.advantage)) if m]  # trained tokens
     return metrics | {"advantage/abs_mean": sum(map(abs, adv)) / max(len(adv), 1),
             "advantage/token_abs_mean": sum(token_adv) / max(len(token_adv), 1),
             "groups/zero_signal": zero / max(len(groups), 1)}
 
 
+def _correct(rollouts) -> torch.Tensor:
+    return torch.tensor([r.correct for r in rollouts], dtype=torch.bool)
+
+
+# estimator name -> (rollouts, rewards [N], group_ids [N], cfg) -> advantages [N] (or, median, (adv, pivot))
+ESTIMATORS = {
+    "group": lambda ro, r, g, cfg: group_advantages(r, g, cfg.scale_rewards),
+    "rloo": lambda ro, r, g, cfg: rloo_advantages(r, g),
+    "reinforce_pp": lambda ro, r, g, cfg: reinforce_pp_advantages(r, g, torch.tensor([max(x.num_tokens, 1) for x in ro])),
+    "median": lambda ro, r, g, cfg: median_advantages(r, g),
+    "drpo": lambda ro, r, g, cfg: drpo_advantages(_correct(ro), torch.tensor([float(x.num_tokens) for x in ro]), g),
+}
+
+
 def sequence_advantages(rollouts, rewards: torch.Tensor, group_ids: torch.Tensor, cfg: ObjectiveConfig):
     """(advantage [N], excluded [N] bool, metrics) of flat rollouts: the estimator, then shaping."""
     excluded = torch.zeros(len(rollouts), dtype=torch.bool)
-    if cfg.advantage == "group":
-        adv = group_advantages(rewards, group_ids, cfg.scale_rewards)
-    elif cfg.advantage == "rloo":
-        adv = rloo_advantages(rewards, group_ids)
-    elif cfg.advantage == "reinforce_pp":
-        adv = reinforce_pp_advantages(rewards, group_ids, torch.tensor([max(r.num_tokens, 1) for r in rollouts]))
-    elif cfg.advantage == "median":
-        adv, excluded = median_advantages(rewards, group_ids)
-    else:  # drpo
-        adv = drpo_advantages(rewards, torch.tensor([float(r.num_tokens) for r in rollouts]), group_ids)
+    adv = ESTIMATORS[cfg.advantage](rollouts, rewards, group_ids, cfg)
+    if isinstance(adv, tuple):  # MC-GRPO also names its pivots
+        adv, excluded = adv
     metrics: dict[str, float] = {}
     if "novelty_sharpen" in cfg.shaping:
         from rollwise.optim.shaping import novelty_sharpen
 
         nll = torch.tensor([-sum(r.behavior_logprobs) / max(r.num_tokens, 1) for r in rollouts])
-        adv, m = novelty_sharpen(adv, rewards, nll, group_ids)
+        adv, m = novelty_sharpen(adv, _correct(rollouts), nll, group_ids)
         metrics |= {k: float(v) for k, v in m.items()}
     return adv.double(), excluded.tolist(), metrics
 
@@ -181,7 +189,7 @@ def assign_tree_advantages(group: RolloutGroup, scale: float, mix: float) -> Non
     """``tree_adv`` on one tree group: node advantages / ``scale`` on each node's tokens.
 
     A node shared by k leaves is trained once, in the first of them, with loss weight k
-    (``Rollout.loss_mask`` = k there, 0 in the other leaves): the weight its tokens would get
+    (``Rollout.loss_weights`` = k there, 0 in the other leaves): the weight its tokens would get
     from k flat GRPO rollouts, computed once. With ``mix = 0`` and equal leaf lengths this is
     exactly GRPO on the leaves; the local (fork-relative) term is what the tree adds."""
     tree = group.tree
@@ -195,7 +203,7 @@ def assign_tree_advantages(group: RolloutGroup, scale: float, mix: float) -> Non
     trained: set[int] = set()
     for r in group.rollouts:
         advantage = [0.0] * len(r.completion_ids)
-        mask = list(r.loss_mask) if r.loss_mask is not None else [1] * len(r.completion_ids)
+        mask = list(r.loss_weights) if r.loss_weights is not None else [1] * len(r.completion_ids)
         for node_id in r.node_path[1:]:
             node = tree.nodes[node_id]
             weight = 0 if node_id in trained else leaves_below[node_id]
@@ -203,7 +211,7 @@ def assign_tree_advantages(group: RolloutGroup, scale: float, mix: float) -> Non
                 advantage[t] = node_adv[node_id] / scale
                 mask[t] *= weight
             trained.add(node_id)
-        r.advantage, r.loss_mask = advantage, mask
+        r.advantage, r.loss_weights = advantage, mask
 
 
 def _ppo(ratio, policy_logprobs, advantages, mask, cfg):
@@ -227,7 +235,7 @@ def policy_loss(
     policy_logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    completion_mask: torch.Tensor,
+    trained_mask: torch.Tensor,
     loss_weights: torch.Tensor,
     cfg: ObjectiveConfig,
     ref_logprobs: torch.Tensor | None = None,
@@ -236,8 +244,10 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one (micro-)batch: Σ per-token loss · ``loss_weights``.
 
-    All inputs are [B, T]; ``loss_weights`` comes from ``token_weights(mask, cfg.loss_agg)``
-    on the whole batch, so micro-batch losses add up to the full-batch loss. The policy term
+    All inputs are [B, T]; ``trained_mask`` (0/1) marks the tokens that carry a loss (ratios,
+    clip statistics and KL are computed there); ``loss_weights`` comes from
+    ``token_weights(batch.loss_weights, cfg.loss_agg)`` on the whole batch, so micro-batch
+    losses add up to the full-batch loss. The policy term
     is ``cfg.policy_loss`` on the ratio at ``cfg.importance_sampling_level``, then weighted
     by MinPRO's prefix ratio, ``tis_mode`` (with ``behavior_logprobs``) and the entropy mask
     (with ``entropy``); the KL term is added in the loss or, ``kl_in=reward``, subtracted from
@@ -247,23 +257,23 @@ def policy_loss(
         raise ValueError("objective.beta > 0 needs reference log-probs")
     if cfg.beta > 0 and cfg.kl_in == "reward":
         advantages = advantages - cfg.beta * (old_logprobs - ref_logprobs).detach()  # −β·k1 per token
-    ratio = importance_ratio(policy_logprobs, old_logprobs, completion_mask, cfg.importance_sampling_level)
-    per_token, metrics = POLICY_LOSSES[cfg.policy_loss](ratio, policy_logprobs, advantages, completion_mask, cfg)
+    ratio = importance_ratio(policy_logprobs, old_logprobs, trained_mask, cfg.importance_sampling_level)
+    per_token, metrics = POLICY_LOSSES[cfg.policy_loss](ratio, policy_logprobs, advantages, trained_mask, cfg)
     if cfg.prefix_ratio:
-        per_token = per_token * prefix_min_ratio(ratio, completion_mask)
+        per_token = per_token * prefix_min_ratio(ratio, trained_mask)
     if behavior_logprobs is not None and cfg.tis_mode != "none":
-        weights, stats = behavior_weights(old_logprobs, behavior_logprobs, completion_mask, cfg.tis_mode,
+        weights, stats = behavior_weights(old_logprobs, behavior_logprobs, trained_mask, cfg.tis_mode,
                                           cfg.tis_cap, cfg.tis_cap_min)
         per_token = per_token * weights
         metrics |= stats
     if cfg.top_entropy_quantile < 1 and entropy is not None:
-        keep = entropy_mask(entropy.detach(), completion_mask, cfg.top_entropy_quantile)
+        keep = entropy_mask(entropy.detach(), trained_mask, cfg.top_entropy_quantile)
         per_token = per_token * keep
-        metrics["entropy_mask/kept"] = keep.sum() / (completion_mask > 0).sum().clamp(min=1)
+        metrics["entropy_mask/kept"] = keep.sum() / (trained_mask > 0).sum().clamp(min=1)
     if cfg.beta > 0 and cfg.kl_in == "loss":
         kl = kl_penalty(policy_logprobs, ref_logprobs, cfg.kl_estimator)
         per_token = per_token + cfg.beta * kl
-        metrics["kl"] = aggregate(kl.detach(), completion_mask, "token_mean")
+        metrics["kl"] = aggregate(kl.detach(), trained_mask, "token_mean")
     elif cfg.beta > 0:
-        metrics["kl"] = aggregate((policy_logprobs - ref_logprobs).detach(), completion_mask, "token_mean")
+        metrics["kl"] = aggregate((policy_logprobs - ref_logprobs).detach(), trained_mask, "token_mean")
     return (per_token * loss_weights).sum(), metrics

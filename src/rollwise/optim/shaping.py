@@ -14,7 +14,7 @@ through the shaping (METHODS.md conventions: advantages are detached).
 - ``novelty_sharpen``: XRPO ("XRPO: Pushing the limits of GRPO with Targeted Exploration and
   Exploitation", Bamba et al., 2025), novelty-aware advantage sharpening: amplify correct
   responses the policy found unlikely, using sequence likelihood. Our choice (METHODS.md):
-  among a group's correct rollouts (reward > ``threshold``), and only when the group has at
+  among a group's correct rollouts (``rollwise.types.is_correct``), and only when the group has at
   least 2 of them, z is the z-score of the per-token NLL over those correct rollouts (Bessel
   std + 1e-6), and A ← A·(1 + strength·clip(z, 0, z_max)), strength .5 and z_max 2 by
   default. Wrong rollouts and groups with fewer than 2 correct rollouts are unchanged; the
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from rollwise.optim.advantages import EPS, group_stats
+from rollwise.optim.advantages import EPS, as_correct, group_stats
 
 
 def ace(
@@ -60,17 +60,17 @@ def ace(
 
 def novelty_sharpen(
     advantages: torch.Tensor,
-    rewards: torch.Tensor,
+    correct: torch.Tensor,
     nll: torch.Tensor,
     group_ids: torch.Tensor,
     strength: float = 0.5,
     z_max: float = 2.0,
-    threshold: float = 0.5,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Novelty-sharpened advantages [N] and metrics.
 
     ``nll`` [N] is each rollout's per-token NLL, −Σ_t ℓ_t/|y|; ``group_ids`` [N] its prompt
-    group; a rollout is correct when its reward > ``threshold``.
+    group; ``correct`` [N] says which rollouts the verifiers judged correct (a bool tensor, or
+scores judged by ``rollwise.types.is_correct``).
 
     >>> a, _ = novelty_sharpen(torch.ones(3), torch.ones(3), torch.tensor([.2, .6, .4]), torch.zeros(3))
     >>> [round(float(x), 4) for x in a]
@@ -80,12 +80,12 @@ def novelty_sharpen(
         adv = advantages.detach()
         adv = adv if adv.is_floating_point() else adv.float()
         nll = nll.detach().to(adv.dtype)
-        correct = rewards.detach() > threshold
+        correct = as_correct(correct.detach())
         # statistics over each group's correct rollouts only
         idx = correct.nonzero().squeeze(-1)
         mean, std = group_stats(nll[idx], group_ids[idx])
         _, inverse, count = torch.unique(group_ids[idx], return_inverse=True, return_counts=True)
-        z = (nll[idx] - mean) / (std + EPS)
+        z = ((nll[idx] - mean) / (std + EPS)).to(adv.dtype)
         eligible = torch.zeros_like(correct)
         eligible[idx] = count[inverse] >= 2
         mult = torch.ones_like(adv)

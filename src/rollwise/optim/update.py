@@ -1,4 +1,13 @@
-"""One policy update from a TrainBatch: micro-batched forward/backward, clip, optimizer step."""
+"""One policy update from a TrainBatch: micro-batched forward/backward, clip, optimizer step.
+
+Rows that carry no signal are not run: a rollout whose trained tokens all have advantage
+exactly 0 contributes exactly zero loss and zero gradient to every policy loss here (each is
+a multiple of the advantage), so when no term without an advantage is active (a KL term,
+``beta > 0``; the batch-level entropy quantile, ``top_entropy_quantile < 1``) its forward and
+backward are skipped (``optim.skip_zero_advantage``). The loss weights are computed on the
+whole batch first, so the loss, the gradient and the optimizer step are those of the full
+batch; ``update/skipped_rows`` logs the share saved.
+"""
 
 from __future__ import annotations
 
@@ -15,48 +24,71 @@ def _micro_batches(n: int, size: int) -> list[slice]:
 
 
 @torch.no_grad()
-def _logprobs_no_grad(model, batch: TrainBatch, size: int, temperature: float) -> torch.Tensor:
+def _logprobs_no_grad(model, batch: TrainBatch, size: int, sampling: dict) -> torch.Tensor:
     """Log-probs [B, T-1] of the batch under ``model`` without gradient (old or reference policy)."""
     out = torch.zeros_like(batch.behavior_logprobs)
     for mb in _micro_batches(len(batch), size):
         sub = batch.select(mb)
-        lp, _ = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, temperature, with_entropy=False)
+        lp, _ = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, with_entropy=False, **sampling)
         out[mb, : lp.shape[1]] = lp
     return out
 
 
+def rows_with_signal(batch: TrainBatch) -> torch.Tensor:
+    """[B] bool: the row has a trained token with a non-zero advantage."""
+    return ((batch.advantages != 0) & (batch.loss_weights > 0)).any(-1)
+
+
 def policy_update(
-    model, optimizer, scheduler, batch: TrainBatch, objective: ObjectiveConfig, *, micro_batch_size: int,
-    num_iterations: int, max_grad_norm: float, temperature: float, max_len: int, ref_model=None,
+    model, optimizer, batch: TrainBatch, objective: ObjectiveConfig, *, micro_batch_size: int,
+    num_iterations: int, max_grad_norm: float, max_len: int, temperature: float = 1.0, top_k: int = 0,
+    top_p: float = 1.0, ref_model=None, skip_zero_advantage: bool = True,
 ) -> dict[str, float]:
-    """``num_iterations`` optimizer steps on ``batch``; returns averaged metrics."""
+    """``num_iterations`` optimizer steps on ``batch``; returns averaged metrics.
+
+    The LR schedule is the caller's: it advances once per training step, not per iteration.
+    ``temperature``/``top_k``/``top_p`` are the sampling settings: trainer log-probs are
+    computed on the distribution the engine sampled from.
+    """
     device = next(model.parameters()).device
     batch = batch.to(device)
-    # [B, T-1] over the whole batch; a sequence's length counts its untrained (shared, forced) tokens too
-    weights = token_weights(batch.completion_mask, objective.loss_agg, max_len, lengths=batch.completion_lengths)
-    # With one pass, the proximal ("old") policy is the current one: ratio 1, detached.
-    old = _logprobs_no_grad(model, batch, micro_batch_size, temperature) if num_iterations > 1 else None
-    ref = _logprobs_no_grad(ref_model, batch, micro_batch_size, temperature) if objective.needs_reference else None
+    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+    # [B, T-1] over the whole batch, the per-token loss weights (k for a tree node shared by k leaves)
+    # counted as k tokens, as k flat rollouts would be; a sequence's length counts its untrained tokens too
+    trained = batch.trained_mask
+    weights = token_weights(batch.loss_weights, objective.loss_agg, max_len, lengths=batch.completion_lengths)
     shaping: dict[str, float] = {}
-    if "ace" in objective.shaping:
-        batch.advantages, shaping = ace_shift(batch, ref)
-    total_tokens = max(float(batch.completion_mask.sum()), 1.0)
+    ref_full = None
+    if objective.needs_reference:
+        ref_full = _logprobs_no_grad(ref_model, batch, micro_batch_size, sampling)
+        if "ace" in objective.shaping:
+            batch.advantages, shaping = ace_shift(batch, ref_full)
+    n_rows = len(batch)
+    skippable = skip_zero_advantage and objective.beta == 0 and objective.top_entropy_quantile >= 1
+    keep = rows_with_signal(batch) if skippable else torch.ones(n_rows, dtype=torch.bool, device=device)
+    rows = keep.nonzero().squeeze(-1)
+    work = batch.select(rows) if len(rows) else None
+    weights = weights[rows]
+    ref = ref_full[rows] if ref_full is not None else None
+    # With one pass, the proximal ("old") policy is the current one: ratio 1, detached.
+    old = _logprobs_no_grad(model, work, micro_batch_size, sampling) if num_iterations > 1 and work is not None else None
+    total_tokens = max(float(trained[rows].sum()), 1.0)
     totals: dict[str, float] = {}
     model.train()
     for _ in range(num_iterations):
         optimizer.zero_grad(set_to_none=True)
-        for mb in _micro_batches(len(batch), micro_batch_size):
-            sub = batch.select(mb)
+        for mb in _micro_batches(len(rows), micro_batch_size) if work is not None else []:
+            sub = work.select(mb)
             width = sub.completion_mask.shape[1]
-            policy_lp, entropy = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, temperature)
+            mask = sub.trained_mask
+            policy_lp, entropy = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, **sampling)
             old_lp = policy_lp.detach() if old is None else old[mb, :width]
             loss, m = policy_loss(
-                policy_lp, old_lp, sub.advantages, sub.completion_mask, weights[mb, :width], objective,
+                policy_lp, old_lp, sub.advantages, mask, weights[mb, :width], objective,
                 ref_logprobs=None if ref is None else ref[mb, :width], behavior_logprobs=sub.behavior_logprobs,
                 entropy=entropy,
             )
             loss.backward()
-            mask = sub.completion_mask
             share = float(mask.sum()) / total_tokens
             m["loss"] = loss.detach()
             m["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
@@ -66,12 +98,16 @@ def policy_update(
             for k, v in m.items():
                 # loss adds up over micro-batches; per-token statistics average by token share
                 totals[k] = totals.get(k, 0.0) + float(v) * (1.0 if k == "loss" else share) / num_iterations
+        for p in model.parameters():  # a batch without signal still takes its (zero-gradient) optimizer step
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         optimizer.step()
-        scheduler.step()
         totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(grad_norm) / num_iterations
     model.eval()
-    totals["lr"] = scheduler.get_last_lr()[0]
+    totals.setdefault("loss", 0.0)
+    totals["update/skipped_rows"] = 1.0 - len(rows) / max(n_rows, 1)
+    totals["update/trained_tokens"] = float(trained[rows].sum())
     return totals | shaping
 
 
@@ -80,7 +116,7 @@ def ace_shift(batch: TrainBatch, ref: torch.Tensor) -> tuple[torch.Tensor, dict[
     ĉ = (log π(y|x) − log π_ref(y|x)) / |y| from the behaviour log-probs, detached."""
     from rollwise.optim.shaping import ace
 
-    trained = (batch.completion_mask > 0).to(ref.dtype)
+    trained = batch.trained_mask.to(ref.dtype)
     logratio = ((batch.behavior_logprobs - ref) * trained).sum(-1)  # [B]
     lengths = trained.sum(-1).clamp(min=1)
     # every token of a flat rollout carries its sequence advantage; shape each token by its row's shift

@@ -51,6 +51,8 @@ class OptimConfig(StrictModel):
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final LR / lr for cosine and linear schedules")
     micro_batch_size: int = Field(64, ge=1, description="sequences per forward/backward (gradient accumulation)")
     num_iterations: int = Field(1, ge=1, description="optimizer passes over each batch (TRL's num_iterations)")
+    skip_zero_advantage: bool = Field(True, description="skip the forward/backward of rollouts whose advantage is "
+                                      "exactly 0 (no KL term): the same update, less compute")
 
 
 class TrainConfig(StrictModel):

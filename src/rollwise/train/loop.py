@@ -1,15 +1,19 @@
 """The synchronous trainer: Generate → Filter → (Control) → Optimize, one step at a time.
 
 ``Trainer.step`` is the loop of DESIGN.md and reads top to bottom; everything it calls
-lives in a stage package. The trainer owns the run directory, checkpoints and evaluation.
+lives in a stage package. ``Trainer.fit(until=...)`` is the one outer loop around it (eval
+and checkpoint cadence, stop on steps, minutes or generated tokens): the CLI, the benchmarks
+and the tests all call it. The trainer owns the run directory, checkpoints and evaluation.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -17,6 +21,7 @@ import numpy as np
 import torch
 import yaml
 
+from rollwise.config import ConfigError
 from rollwise.engine import make_engine
 from rollwise.engine.sampling import SamplingParams
 from rollwise.eval.accuracy import EvalResult, evaluate
@@ -63,6 +68,29 @@ def lr_lambda(cfg: RunConfig):
     return factor
 
 
+@dataclass(frozen=True)
+class Until:
+    """When ``Trainer.fit`` stops: the first limit reached (None = no limit of that kind)."""
+
+    steps: int | None = None
+    minutes: float | None = None  # RL wall time, summed over the sessions of a resumed run
+    generated_tokens: int | None = None  # tokens the engine sampled (equal-compute comparisons)
+
+    @classmethod
+    def from_config(cls, train) -> "Until":
+        return cls(steps=train.steps, minutes=train.max_minutes, generated_tokens=train.max_generated_tokens)
+
+    def reached(self, state: "TrainState") -> str | None:
+        """The name of the limit ``state`` has reached, or None."""
+        if self.steps is not None and state.step >= self.steps:
+            return f"steps={self.steps}"
+        if self.minutes is not None and state.wall_seconds > 60 * self.minutes:
+            return f"max_minutes={self.minutes}"
+        if self.generated_tokens is not None and state.generated_tokens >= self.generated_tokens:
+            return f"max_generated_tokens={self.generated_tokens:,}"
+        return None
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -94,6 +122,7 @@ class Trainer:
         self.state = TrainState()
         self.ref_model = None
         self.log: MetricsLog | None = None
+        self.stopped_by: str | None = None  # the limit that ended the last fit()
 
     # -- helpers the loop calls -------------------------------------------------------------
     def decode(self, ids: list[int]) -> str:
@@ -112,32 +141,37 @@ class Trainer:
 
     # -- the step ---------------------------------------------------------------------------
     def step(self) -> dict[str, float]:
-        cfg, t0 = self.cfg, time.perf_counter()
+        cfg, clock = self.cfg, Clock()
         prompts = self.select_prompts()
         budgets = [cfg.rollout.num_generations] * len(prompts)
         sampled_before = self.engine.stats.decode_tokens
-        groups = self.generator.generate(self.engine, prompts, budgets, seed=cfg.seed * 1_000_003 + self.state.step)
+        groups, metrics = self.generator.generate(self.engine, prompts, budgets, seed=self.step_seed())
         sampled = self.engine.stats.decode_tokens - sampled_before  # every token the engine sampled, once
-        t_gen = time.perf_counter()
-        metrics = score_groups(groups, self.reward_fns)
+        clock.lap("generate")
+        metrics |= score_groups(groups, self.reward_fns)
         if cfg.objective.overlong_shaping:
             metrics |= add_overlong_penalty(groups, cfg.rollout.max_new_tokens)
+        clock.lap("score")
         metrics |= assign_advantages(groups, cfg.objective)
         batch = build_batch(groups, self.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
+        o, r = cfg.optim, cfg.rollout
         metrics |= policy_update(
-            self.model, self.optimizer, self.scheduler, batch, cfg.objective,
-            micro_batch_size=cfg.optim.micro_batch_size, num_iterations=cfg.optim.num_iterations,
-            max_grad_norm=cfg.optim.max_grad_norm, temperature=cfg.rollout.temperature,
-            max_len=cfg.rollout.max_new_tokens, ref_model=self.ref_model,
+            self.model, self.optimizer, batch, cfg.objective, micro_batch_size=o.micro_batch_size,
+            num_iterations=o.num_iterations, max_grad_norm=o.max_grad_norm, max_len=r.max_new_tokens,
+            temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, ref_model=self.ref_model,
+            skip_zero_advantage=o.skip_zero_advantage,
         )
+        metrics["lr"] = self.scheduler.get_last_lr()[0]  # the LR this step trained with
+        self.scheduler.step()  # once per training step, however many iterations the update ran
         self.engine.load_weights(self.model)  # in-process: parameters are shared, only the version moves
+        clock.lap("update")
         self.state.step += 1
-        metrics |= rollout_metrics(groups) | self.generator.last_metrics
-        metrics["tokens/generated"] = float(sampled)
         self.state.generated_tokens += sampled
-        metrics |= {"time/generate": t_gen - t0, "time/step": time.perf_counter() - t0,
-                    "tokens/total": self.state.generated_tokens}
-        return metrics
+        return metrics | rollout_metrics(groups) | clock.metrics() | {
+            "tokens/generated": float(sampled), "tokens/total": self.state.generated_tokens}
+
+    def step_seed(self) -> int:
+        return self.cfg.seed * 1_000_003 + self.state.step
 
     # -- around the step --------------------------------------------------------------------
     def evaluate(self) -> EvalResult:
@@ -153,14 +187,12 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         ckpt = latest_checkpoint(self.run_dir) if resume else None
         if resume and ckpt is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
+            raise ConfigError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'} (drop --resume to start the run)")
         if ckpt is not None:
             self.state = TrainState(**load_checkpoint(ckpt, self.model, self.optimizer, self.scheduler))
             self.engine.load_weights(self.model)
             self.engine.version = self.state.step  # a token's version = optimizer steps before it was sampled
-            generator_state = load_generator_state(ckpt)
-            if generator_state is not None and hasattr(self.generator, "load_state_dict"):
-                self.generator.load_state_dict(generator_state)
+            self.generator.load_state_dict(load_generator_state(ckpt) or {})
         else:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
             # a fresh run in an existing directory starts over: nothing stale may be resumed later
@@ -168,15 +200,32 @@ class Trainer:
                 (self.run_dir / stale).unlink(missing_ok=True)
             for stale in ("checkpoints", "init_model"):
                 shutil.rmtree(self.run_dir / stale, ignore_errors=True)
+            (self.run_dir / "init_model.json").unlink(missing_ok=True)
             if self.cfg.sft.steps:
                 s = self.cfg.sft
                 sft(self.model, self.tokenizer, self.task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
                     on_step=on_sft_step)
+            self.save_init_model()
+        if self.cfg.objective.needs_reference:  # the frozen reference is the RL starting point
+            self.ref_model = type(self.model).from_pretrained(self.init_model_dir(), dtype=self.model.dtype)
+            self.ref_model.to(self.engine.device).eval()
+        self.log = MetricsLog(self.run_dir, resume_from_step=self.state.step if ckpt else None)
+
+    def save_init_model(self) -> None:
+        """Keep the RL starting point: a copy in ``init_model/`` when the run made it (SFT warm
+        start, a built preset), else only the source directory's path in ``init_model.json`` —
+        copying an unchanged 7B model would write 28 GB for nothing."""
+        if self.cfg.sft.steps or self.cfg.model.path is None:
             self.model.save_pretrained(self.run_dir / "init_model")
             self.tokenizer.save_pretrained(self.run_dir / "init_model")
-        if self.cfg.objective.needs_reference:  # the frozen reference is the RL starting point
-            self.ref_model = type(self.model).from_pretrained(self.run_dir / "init_model").to(self.engine.device).eval()
-        self.log = MetricsLog(self.run_dir, resume_from_step=self.state.step if ckpt else None)
+        else:
+            source = str(Path(self.cfg.model.path).resolve())
+            (self.run_dir / "init_model.json").write_text(json.dumps({"path": source}, indent=2))
+
+    def init_model_dir(self) -> Path:
+        """The directory holding the RL starting weights (``init_model/`` or the recorded source)."""
+        record = self.run_dir / "init_model.json"
+        return Path(json.loads(record.read_text())["path"]) if record.exists() else self.run_dir / "init_model"
 
     def record_eval(self) -> EvalResult:
         result = self.evaluate()
@@ -188,9 +237,59 @@ class Trainer:
         return result
 
     def checkpoint(self) -> Path:
-        generator_state = self.generator.state_dict() if hasattr(self.generator, "state_dict") else None
         return save_checkpoint(self.run_dir, self.state.step, self.model, self.optimizer, self.scheduler,
-                               asdict(self.state), self.cfg.train.keep_checkpoints, generator_state)
+                               asdict(self.state), self.cfg.train.keep_checkpoints, self.generator.state_dict() or None)
+
+    def fit(self, until: Until | None = None, on_step: Callable[[int, dict], None] | None = None,
+            on_eval: Callable[[int, EvalResult], None] | None = None) -> dict:
+        """The outer loop: step until ``until`` (default: the recipe's ``train`` limits), evaluating
+        every ``train.eval_every`` steps, at the start and at the end, checkpointing every
+        ``train.checkpoint_every`` steps and at the end; writes ``summary.json`` and returns it.
+
+        Call ``prepare()`` first. ``on_step(step, metrics)`` and ``on_eval(step, result)`` let a
+        caller show progress; the loop itself never prints.
+        """
+        tc, until = self.cfg.train, until or Until.from_config(self.cfg.train)
+        if self.log is None:
+            raise RuntimeError("Trainer.fit: call prepare() first")
+        if self.state.step == 0 and self.state.initial_accuracy is None:
+            result = self.record_eval()
+            if on_eval:
+                on_eval(0, result)
+        session_start, base_wall = time.perf_counter(), self.state.wall_seconds
+        self.stopped_by = until.reached(self.state)
+        while self.stopped_by is None:
+            metrics = self.step()
+            self.state.wall_seconds = base_wall + time.perf_counter() - session_start
+            step = self.state.step
+            self.log.log(step, metrics)
+            self.stopped_by = until.reached(self.state)
+            if on_step:
+                on_step(step, metrics)
+            last = self.stopped_by is not None
+            if (tc.eval_every and step % tc.eval_every == 0) or last:
+                result = self.record_eval()
+                if on_eval:
+                    on_eval(step, result)
+            if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or last:
+                self.checkpoint()
+        summary = self.summary()
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def close(self) -> None:
+        """Flush the logs and stop what the run started (the sandbox's workers)."""
+        if self.log is not None:
+            self.log.close()
+        sandbox = getattr(self, "sandbox", None)
+        if sandbox is not None:
+            sandbox.close()
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def summary(self) -> dict:
         s = self.state
@@ -199,6 +298,22 @@ class Trainer:
             "wall_seconds": round(s.wall_seconds, 2), "generated_tokens": s.generated_tokens, "seed": self.cfg.seed,
             "task": self.task.name, "method": self.cfg.objective.method,
         }
+
+
+class Clock:
+    """Wall time of a step's phases: ``lap(name)`` closes the phase that ran since the last lap."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def metrics(self) -> dict[str, float]:
+        return {f"time/{k}": v for k, v in self.laps.items()} | {"time/step": time.perf_counter() - self.start}
 
 
 def rollout_metrics(groups: list[RolloutGroup]) -> dict[str, float]:

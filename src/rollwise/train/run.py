@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import time
-
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -20,10 +17,10 @@ def _progress(console: Console) -> Progress:
 
 
 def run_training(cfg: RunConfig, resume: bool = False, console: Console | None = None) -> dict:
+    """Train ``cfg`` with a progress bar: ``Trainer.prepare`` (SFT warm start or resume), then ``Trainer.fit``."""
     console = console or Console()
-    trainer = Trainer(cfg)
     tc = cfg.train
-    with _progress(console) as bar:
+    with Trainer(cfg) as trainer, _progress(console) as bar:
         sft_bar = None
         if cfg.sft.steps and not resume:
             sft_bar = bar.add_task("SFT warm start", total=cfg.sft.steps, info="")
@@ -32,37 +29,23 @@ def run_training(cfg: RunConfig, resume: bool = False, console: Console | None =
             bar.update(sft_bar, completed=step + 1, info=f"loss {loss:.3f}")
 
         trainer.prepare(resume=resume, on_sft_step=on_sft_step if sft_bar is not None else None)
-        if trainer.state.step == 0:
-            result = trainer.record_eval()
-            console.print(f"[bold]initial eval[/] accuracy {result.accuracy:.1%}  {_passk(result.pass_at)}")
         rl = bar.add_task(f"RL ({cfg.objective.method})", total=tc.steps, completed=trainer.state.step, info="")
-        session_start = time.perf_counter()
-        base_wall = trainer.state.wall_seconds
-        while trainer.state.step < tc.steps:
-            metrics = trainer.step()
-            trainer.state.wall_seconds = base_wall + time.perf_counter() - session_start
-            step = trainer.state.step
-            trainer.log.log(step, metrics)
-            info = f"reward {metrics['reward/mean']:.2f}  len {metrics['length/mean']:.0f}"
-            out_of_time = tc.max_minutes is not None and trainer.state.wall_seconds > 60 * tc.max_minutes
-            out_of_tokens = tc.max_generated_tokens is not None and trainer.state.generated_tokens >= tc.max_generated_tokens
-            last = step == tc.steps or out_of_time or out_of_tokens
-            if (tc.eval_every and step % tc.eval_every == 0) or last:
-                result = trainer.record_eval()
-                info += f"  eval {result.accuracy:.1%}"
-                console.print(f"step {step}: eval accuracy {result.accuracy:.1%}  {_passk(result.pass_at)}")
-            if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or last:
-                trainer.checkpoint()
-            bar.update(rl, completed=step, info=info)
+        info = {"text": ""}
+
+        def on_step(step: int, metrics: dict) -> None:
+            info["text"] = f"reward {metrics['reward/mean']:.2f}  len {metrics['length/mean']:.0f}"
+            bar.update(rl, completed=step, info=info["text"])
             if not console.is_terminal and step % max(1, tc.steps // 20) == 0:
-                console.print(f"step {step}/{tc.steps}: {info}")  # no live bar in logs: a line every 5%
-            if out_of_time or out_of_tokens:
-                limit = f"max_minutes={tc.max_minutes}" if out_of_time else f"max_generated_tokens={tc.max_generated_tokens:,}"
-                console.print(f"[yellow]train.{limit} reached at step {step}[/]")
-                break
-    summary = trainer.summary()
-    (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    trainer.log.close()
+                console.print(f"step {step}/{tc.steps}: {info['text']}")  # no live bar in logs: a line every 5%
+
+        def on_eval(step: int, result) -> None:
+            label = "initial eval" if step == 0 else f"step {step}: eval"
+            console.print(f"[bold]{label}[/] accuracy {result.accuracy:.1%}  {_passk(result.pass_at)}")
+            bar.update(rl, info=f"{info['text']}  eval {result.accuracy:.1%}")
+
+        summary = trainer.fit(on_step=on_step, on_eval=on_eval)
+        if trainer.stopped_by and not trainer.stopped_by.startswith("steps="):
+            console.print(f"[yellow]train.{trainer.stopped_by} reached at step {trainer.state.step}[/]")
     _print_summary(console, summary, trainer.run_dir)
     return summary
 

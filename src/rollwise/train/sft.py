@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import torch
 
+from rollwise.config import ConfigError
 from rollwise.model.load import encode_prompt
 from rollwise.model.logprobs import token_logprobs_and_entropy
 from rollwise.tasks.base import Task
@@ -44,7 +45,7 @@ def sft(
     ``data_offset`` keeps SFT examples apart from the RL stream's first prompts.
     """
     if task.demonstrate is None:
-        raise ValueError(f"task '{task.name}' has no demonstrations for the SFT warm start")
+        raise ConfigError(f"task '{task.name}' has no demonstrations for the SFT warm start (set sft.steps=0)")
     device = next(model.parameters()).device
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))

@@ -1,0 +1,72 @@
+"""Compare two run directories file by file: what "a resumed run equals the uninterrupted run" means.
+
+Every file of one run must exist in the other with the same content, except wall-clock
+measurements (``time/*`` metrics, ``wall_seconds``) and the run's own name. JSONL and JSON
+files are compared record by record; checkpoint tensors, optimizer and RNG states by value;
+anything else byte for byte. TensorBoard event files hold timestamps and are skipped (the
+writer purges events after a resumed checkpoint instead).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from safetensors.torch import load_file
+
+IGNORED_KEYS = ("wall_seconds", "name")
+
+
+def _clean(record):
+    if isinstance(record, dict):
+        return {k: _clean(v) for k, v in record.items() if not k.startswith("time/") and k not in IGNORED_KEYS}
+    if isinstance(record, list):
+        return [_clean(v) for v in record]
+    return record
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, (torch.Tensor, np.ndarray)):
+        return type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def load_for_compare(path: Path):
+    if path.suffix == ".jsonl":
+        return [_clean(json.loads(line)) for line in path.read_text().splitlines()]
+    if path.suffix == ".json":
+        return _clean(json.loads(path.read_text()))
+    if path.suffix == ".yaml":
+        return _clean(yaml.safe_load(path.read_text()))
+    if path.suffix == ".safetensors":
+        return load_file(str(path))
+    if path.suffix == ".pt":
+        return torch.load(path, weights_only=False)
+    return path.read_bytes()
+
+
+def run_files(run_dir: Path) -> list[str]:
+    return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")
+                  if p.is_file() and "tensorboard" not in p.parts)
+
+
+def assert_same_run(a: Path, b: Path) -> list[str]:
+    """Assert runs ``a`` and ``b`` hold the same files with the same contents; return the file list."""
+    files = run_files(a)
+    assert files == run_files(b), (files, run_files(b))
+    for rel in files:
+        left, right = load_for_compare(a / rel), load_for_compare(b / rel)
+        if isinstance(left, list) and isinstance(right, list) and rel.endswith(".jsonl"):
+            assert len(left) == len(right), (rel, len(left), len(right))
+            for i, (x, y) in enumerate(zip(left, right)):
+                assert _equal(x, y), (rel, i + 1, x, y)
+        else:
+            assert _equal(left, right), rel
+    return files

@@ -1,0 +1,106 @@
+"""Resume, tier 3: a run cut short and resumed leaves the same run directory as the uninterrupted run.
+
+Every file is compared (tests/runfiles.py): metrics.jsonl, samples.jsonl, summary.json,
+config.yaml, init_model/, and each checkpoint's weights, optimizer, scheduler, RNG and
+strategy state — timings aside. One case loses work in-process; the other SIGKILLs a real
+``rollwise train`` process after a checkpoint and resumes it with ``--resume``.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from runfiles import assert_same_run
+
+from rollwise.train.config import load_run_config
+from rollwise.train.loop import Trainer
+from rollwise.train.metrics import read_metrics
+
+FAST = [
+    "task.max_digits=2", "task.eval_size=8", "rollout.prompts_per_step=4", "rollout.num_generations=4",
+    "rollout.max_new_tokens=32", "train.eval_samples=2", "optim.micro_batch_size=8", "model.threads=1",
+    "sft.steps=10",
+]
+
+
+def config(tmp_path, name, *extra):
+    return load_run_config(None, [f"output_dir={tmp_path}", f"name={name}", *FAST, *extra])
+
+
+@pytest.mark.parametrize("extra", [
+    ["optim.schedule=cosine", "optim.num_iterations=2"],
+    ["rollout.strategy=april", "rollout.april.over_provision=2"],
+])
+def test_resume_leaves_the_files_of_the_uninterrupted_run(tmp_path, extra):
+    sets = ["train.steps=8", "train.eval_every=4", "train.checkpoint_every=3", *extra]
+    with Trainer(config(tmp_path, "full", *sets)) as full:
+        full.prepare()
+        full.fit()
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_4(step, _metrics):
+        if step == 4:  # after step 4 was logged, before its eval: work after the step-3 checkpoint is lost
+            first.log.log_samples(4, [{"lost": True}])
+            raise Crash
+
+    with Trainer(config(tmp_path, "cut", *sets)) as first:
+        first.prepare()
+        with pytest.raises(Crash):
+            first.fit(on_step=crash_at_4)
+    with Trainer(config(tmp_path, "cut", *sets)) as resumed:
+        resumed.prepare(resume=True)
+        assert resumed.state.step == 3 and resumed.engine.version == 3
+        resumed.fit()
+
+    logged = [m["step"] for m in read_metrics(tmp_path / "cut") if "loss" in m]
+    assert logged == list(range(1, 9))  # the lost step-4 line was dropped, then produced again
+    files = assert_same_run(tmp_path / "full", tmp_path / "cut")
+    assert {"metrics.jsonl", "samples.jsonl", "summary.json", "config.yaml",
+            "checkpoints/step_000006/model.safetensors", "checkpoints/step_000008/optimizer.pt"} <= set(files)
+
+
+def test_the_file_comparison_sees_a_difference(tmp_path):
+    """The comparison can fail: one changed metric value, or one extra samples line, is caught."""
+    sets = ["train.steps=2", "train.eval_every=0", "train.checkpoint_every=1"]
+    for name in ("a", "b"):
+        with Trainer(config(tmp_path, name, *sets)) as t:
+            t.prepare()
+            t.fit()
+    assert_same_run(tmp_path / "a", tmp_path / "b")  # same seed, same config: equal
+    with (tmp_path / "b" / "samples.jsonl").open("a") as f:
+        f.write('{"step": 2, "extra": 1}\n')
+    with pytest.raises(AssertionError):
+        assert_same_run(tmp_path / "a", tmp_path / "b")
+    (tmp_path / "b" / "samples.jsonl").write_text((tmp_path / "a" / "samples.jsonl").read_text())
+    text = (tmp_path / "b" / "metrics.jsonl").read_text()
+    (tmp_path / "b" / "metrics.jsonl").write_text(text.replace('"loss": ', '"loss": 1', 1))
+    with pytest.raises(AssertionError):
+        assert_same_run(tmp_path / "a", tmp_path / "b")
+
+
+def test_killed_process_resumes_like_the_uninterrupted_run(tmp_path):
+    """SIGKILL a real `rollwise train` process after a checkpoint, then --resume it: same files."""
+    sets = [f"output_dir={tmp_path}", "train.steps=12", "train.checkpoint_every=2", "train.eval_every=5", *FAST]
+    cli = [sys.executable, "-m", "rollwise.cli", "train"]
+
+    def args(name):
+        return cli + sum((["--set", s] for s in [f"name={name}", *sets]), [])
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    subprocess.run(args("whole"), check=True, capture_output=True, env=env, timeout=300)
+    proc = subprocess.Popen(args("killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 300
+    # past the step-6 checkpoint and its eval (step 5), so samples.jsonl has lines to cut back
+    while not (tmp_path / "killed" / "checkpoints" / "step_000006").exists():
+        assert proc.poll() is None and time.time() < deadline, "run ended before its checkpoint"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL  # it died mid-run, not after finishing
+    assert not (tmp_path / "killed" / "summary.json").exists()
+    subprocess.run(args("killed") + ["--resume"], check=True, capture_output=True, env=env, timeout=300)
+    assert_same_run(tmp_path / "whole", tmp_path / "killed")

@@ -169,6 +169,15 @@ def bench_rollout(json_path: JsonOpt = None, set_: SetOpt = None):
     _report(run_rollout_bench(overrides=set_ or [], console=console), json_path)
 
 
+@bench_app.command("update")
+@friendly_errors
+def bench_update(json_path: JsonOpt = None, set_: SetOpt = None):
+    """The policy update with vs without skipping zero-advantage rows, same run side by side."""
+    from rollwise.bench.update import run_update_bench
+
+    _report(run_update_bench(overrides=set_ or [], console=console), json_path)
+
+
 @bench_app.command("sandbox")
 @friendly_errors
 def bench_sandbox(json_path: JsonOpt = None, set_: SetOpt = None):

@@ -38,9 +38,9 @@ from rich.table import Table
 
 from rollwise.bench.engine import _quiet_transformers
 from rollwise.config import StrictModel, apply_overrides, validate
-from rollwise.optim.advantages import is_zero_signal
 from rollwise.generate.latr import LatrConfig
 from rollwise.generate.tree import TreeConfig
+from rollwise.optim.advantages import is_zero_signal
 
 ARMS = ("tree", "latr", "april", "train")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from rollwise.model.logprobs import token_logprobs_and_entropy
+from rollwise.model.logprobs import logits_chunk, token_logprobs_and_entropy
 from rollwise.optim.batch import TrainBatch
 from rollwise.optim.losses import token_weights
 from rollwise.optim.objective import ObjectiveConfig, policy_loss
@@ -24,12 +24,14 @@ def _micro_batches(n: int, size: int) -> list[slice]:
 
 
 @torch.no_grad()
-def _logprobs_no_grad(model, batch: TrainBatch, size: int, sampling: dict) -> torch.Tensor:
+def _logprobs_no_grad(model, batch: TrainBatch, size: int, sampling: dict, budget_mb: float | None) -> torch.Tensor:
     """Log-probs [B, T-1] of the batch under ``model`` without gradient (old or reference policy)."""
     out = torch.zeros_like(batch.behavior_logprobs)
     for mb in _micro_batches(len(batch), size):
         sub = batch.select(mb)
-        lp, _ = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, with_entropy=False, **sampling)
+        chunk = logits_chunk(model, *sub.input_ids.shape, budget_mb)
+        lp, _ = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, with_entropy=False,
+                                           chunk=chunk, **sampling)
         out[mb, : lp.shape[1]] = lp
     return out
 
@@ -42,13 +44,14 @@ def rows_with_signal(batch: TrainBatch) -> torch.Tensor:
 def policy_update(
     model, optimizer, batch: TrainBatch, objective: ObjectiveConfig, *, micro_batch_size: int,
     num_iterations: int, max_grad_norm: float, max_len: int, temperature: float = 1.0, top_k: int = 0,
-    top_p: float = 1.0, ref_model=None, skip_zero_advantage: bool = True,
+    top_p: float = 1.0, ref_model=None, skip_zero_advantage: bool = True, logits_budget_mb: float | None = None,
 ) -> dict[str, float]:
     """``num_iterations`` optimizer steps on ``batch``; returns averaged metrics.
 
     The LR schedule is the caller's: it advances once per training step, not per iteration.
     ``temperature``/``top_k``/``top_p`` are the sampling settings: trainer log-probs are
-    computed on the distribution the engine sampled from.
+    computed on the distribution the engine sampled from. ``logits_budget_mb`` caps the
+    float32 logits a forward holds at once (``rollwise.model.logprobs``: chunked LM head).
     """
     device = next(model.parameters()).device
     batch = batch.to(device)
@@ -60,7 +63,7 @@ def policy_update(
     shaping: dict[str, float] = {}
     ref_full = None
     if objective.needs_reference:
-        ref_full = _logprobs_no_grad(ref_model, batch, micro_batch_size, sampling)
+        ref_full = _logprobs_no_grad(ref_model, batch, micro_batch_size, sampling, logits_budget_mb)
         if "ace" in objective.shaping:
             batch.advantages, shaping = ace_shift(batch, ref_full)
     n_rows = len(batch)
@@ -71,7 +74,8 @@ def policy_update(
     weights = weights[rows]
     ref = ref_full[rows] if ref_full is not None else None
     # With one pass, the proximal ("old") policy is the current one: ratio 1, detached.
-    old = _logprobs_no_grad(model, work, micro_batch_size, sampling) if num_iterations > 1 and work is not None else None
+    old = (_logprobs_no_grad(model, work, micro_batch_size, sampling, logits_budget_mb)
+           if num_iterations > 1 and work is not None else None)
     total_tokens = max(float(trained[rows].sum()), 1.0)
     totals: dict[str, float] = {}
     model.train()
@@ -81,7 +85,9 @@ def policy_update(
             sub = work.select(mb)
             width = sub.completion_mask.shape[1]
             mask = sub.trained_mask
-            policy_lp, entropy = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, **sampling)
+            chunk = logits_chunk(model, *sub.input_ids.shape, logits_budget_mb)
+            policy_lp, entropy = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, chunk=chunk,
+                                                            **sampling)
             old_lp = policy_lp.detach() if old is None else old[mb, :width]
             loss, m = policy_loss(
                 policy_lp, old_lp, sub.advantages, mask, weights[mb, :width], objective,

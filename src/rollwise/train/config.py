@@ -53,6 +53,9 @@ class OptimConfig(StrictModel):
     num_iterations: int = Field(1, ge=1, description="optimizer passes over each batch (TRL's num_iterations)")
     skip_zero_advantage: bool = Field(True, description="skip the forward/backward of rollouts whose advantage is "
                                       "exactly 0 (no KL term): the same update, less compute")
+    logits_budget_mb: float | None = Field(
+        512, gt=0, description="cap on the float32 logits one forward of the update holds at once: larger "
+        "vocabularies go through the LM head in chunks, recomputed in the backward (null = whole logits)")
 
 
 class TrainConfig(StrictModel):

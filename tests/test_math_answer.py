@@ -1,7 +1,6 @@
 """math_answer: extraction, equivalence via math_verify, hostile input, threads."""
 
 import threading
-import time
 
 import pytest
 
@@ -87,11 +86,12 @@ def test_incorrect(completion, gold, reason):
         "\x00\x01\ufffd",
     ],
 )
-def test_hostile_text_scores_zero_quickly(hostile):
-    start = time.perf_counter()
+def test_hostile_text_scores_zero_without_hitting_a_deadline(hostile):
+    # the cost guards reject these before sympy evaluates anything: no time limit fires
+    # (a deadline would show in the reason as TimeoutException / "took longer than")
     result = score(hostile, "3")
     assert result == 0.0 and result.reason
-    assert time.perf_counter() - start < 2.0  # guards reject before sympy evaluates anything
+    assert "Timeout" not in result.reason and "took longer" not in result.reason, result.reason
 
 
 def test_batch_and_docstring_example():

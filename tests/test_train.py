@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from rollwise.cli import app
@@ -44,7 +45,7 @@ def test_objectives_and_kl_smoke(tmp_path, extra):
     for m in run_steps(trainer, 2):
         assert all(v == v for v in m.values())  # no NaN
     if "objective.beta=0.04" in extra:
-        assert trainer.ref_model is not None and "kl" in m and m["kl"] >= 0
+        assert trainer.ref_model is not None and "kl" in m
 
 
 def test_countdown_and_file_tasks_train(tmp_path):
@@ -100,7 +101,10 @@ def test_cli_sft_then_eval_the_saved_model(tmp_path):
     result = CliRunner().invoke(app, ["eval", "--json", str(tmp_path / "e.json"), "--set", f"model.path={out}", *sets])
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "e.json").read_text())
-    assert 0.0 <= metrics["eval/accuracy"] <= 1.0 and "eval/pass@2" in metrics
+    # the CLI's numbers are the trainer's own evaluation of that model directory, recomputed here
+    cfg = load_run_config(None, [f"output_dir={tmp_path}", f"model.path={out}", *FAST])
+    expected = Trainer(cfg).evaluate().metrics()
+    assert metrics == pytest.approx(expected) and "eval/pass@2" in metrics
 
 
 def test_cli_list():
@@ -167,5 +171,9 @@ def test_local_qwen2_model_directory_trains(tmp_path):
     trainer = Trainer(fast_config(tmp_path, f"model.path={model_dir}", "sft.steps=2"))
     trainer.prepare()
     assert type(trainer.engine).__name__ == "SlotEngine"
+    before = [p.detach().clone() for p in trainer.model.parameters()]
     m = run_steps(trainer, 1)[0]
-    assert m["tokens/generated"] > 0 and m["loss"] == m["loss"]
+    assert m["tokens/generated"] > 0 and m["length/mean"] > 0
+    assert trainer.engine.version == 1  # the step's update reached the engine
+    # a random Qwen2 earns no reward: with skipping, nothing trains; every parameter is untouched
+    assert m["update/skipped_rows"] == 1.0 or any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))

@@ -2,7 +2,9 @@
 
 A checkpoint directory ``checkpoints/step_000050/`` holds::
 
-    model.safetensors   policy weights
+    model.safetensors   policy weights; tensors that share storage (tied input and output
+                        embeddings) are stored once, the other names recorded in the
+                        file's metadata as aliases and restored on load
     optimizer.pt        optimizer and LR-scheduler state dicts
     rng.pt              torch / python / numpy RNG states
     state.json          step, data cursor, counters (human-readable)
@@ -21,7 +23,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+
+from rollwise.config import ConfigError
 
 
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state: dict, keep: int,
@@ -31,9 +36,8 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state
     tmp = root / f".tmp_step_{step:06d}"  # written in full, then renamed: a kill never leaves half a checkpoint
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    # tied embeddings share storage; safetensors refuses shared tensors, so store one copy each
-    weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
-    save_file(weights, str(tmp / "model.safetensors"))
+    weights, aliases = unique_weights(model.state_dict())
+    save_file(weights, str(tmp / "model.safetensors"), metadata={"aliases": json.dumps(aliases)})
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
     torch.save(
         {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
@@ -49,6 +53,40 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state
     return final
 
 
+def unique_weights(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(one CPU copy per distinct storage, {alias: stored name}): tied embeddings are written once.
+
+    Two names alias when they are views of the same storage with the same offset, shape and
+    strides (a tied ``lm_head.weight`` is ``embed_tokens.weight``); a 7B model's 500M-parameter
+    embedding is then not written twice.
+    """
+    stored: dict[tuple, str] = {}
+    weights, aliases = {}, {}
+    for name, tensor in state.items():
+        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+               tuple(tensor.stride()), tensor.dtype)
+        if key in stored:
+            aliases[name] = stored[key]
+            continue
+        stored[key] = name
+        weights[name] = tensor.detach().to("cpu", copy=True).contiguous()
+    return weights, aliases
+
+
+def load_weights(path: Path, model) -> None:
+    """Load ``model.safetensors`` into ``model`` in place, aliases included (ties stay tied)."""
+    file = str(path / "model.safetensors")
+    with safe_open(file, "pt") as f:
+        aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+    weights = load_file(file)
+    for alias, name in aliases.items():
+        weights[alias] = weights[name]
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or missing:
+        raise ConfigError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected} "
+                          "(resume with the model the run started from)")
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     found = sorted((run_dir / "checkpoints").glob("step_*"))
     return found[-1] if found else None
@@ -56,10 +94,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict:
     """Restore model, optimizer, scheduler and RNG states in place; return the trainer state."""
-    weights = load_file(str(path / "model.safetensors"))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    if unexpected or [k for k in missing if "lm_head" not in k]:
-        raise ValueError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
+    load_weights(path, model)
     opt = torch.load(path / "optimizer.pt", weights_only=False)
     optimizer.load_state_dict(opt["optimizer"])
     scheduler.load_state_dict(opt["scheduler"])

@@ -10,8 +10,8 @@ from rollwise.filter.rewards import RewardFn, load_callable
 def builtin_rewards() -> dict[str, Callable]:
     from rollwise.filter.code import code_asserts, code_exit, code_io
     from rollwise.filter.math_answer import math_answer
-    from rollwise.tasks.arith import arith_reward
-    from rollwise.tasks.countdown import countdown_reward
+    from rollwise.filter.arith import arith_reward
+    from rollwise.filter.countdown import countdown_reward
 
     return {"arith": arith_reward, "countdown": countdown_reward, "math_answer": math_answer,
             "code_io": code_io, "code_asserts": code_asserts, "code_exit": code_exit}

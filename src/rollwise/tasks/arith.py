@@ -19,16 +19,15 @@ strategies exploit. The reward checks only the number after the last ``#``.
 from __future__ import annotations
 
 import random
-import re
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from rollwise.config import StrictModel
+from rollwise.filter.arith import arith_reward, parse_answer  # noqa: F401  (the task's verifier)
 from rollwise.tasks.base import Task
-from rollwise.types import Prompt, Score
+from rollwise.types import Prompt
 
-_ANSWER = re.compile(r"#\s*(-?\d+)\s*$")
 
 
 def _columns(a: int, b: int, op: str) -> list[str]:
@@ -56,30 +55,6 @@ def solve(a: int, op: str, b: int) -> str:
     if a >= b:
         return " " + " ".join(_columns(a, b, "-")) + f" #{a - b}"
     return " neg " + " ".join(_columns(b, a, "-")) + f" #{a - b}"
-
-
-def parse_answer(completion: str) -> int | None:
-    """The integer after the last ``#`` (the whole completion must end there), else None."""
-    m = _ANSWER.search(completion.strip())
-    return int(m.group(1)) if m else None
-
-
-def arith_reward(prompts, completions, answer, **_) -> list[float]:
-    """1.0 when the number after the final ``#`` equals ``answer``, else 0.0 with a reason.
-
-    >>> arith_reward(["2+2="], [" 2+2+0=04 #4"], answer=["4"])
-    [1.0]
-    """
-    out = []
-    for completion, expected in zip(completions, answer):
-        got = parse_answer(completion)
-        if got is None:
-            out.append(Score(0.0, "no final '#<integer>' answer"))
-        elif got != int(expected):
-            out.append(Score(0.0, f"wrong answer {got} (expected {expected})"))
-        else:
-            out.append(Score(1.0))
-    return out
 
 
 class ArithSource:

@@ -1,0 +1,37 @@
+"""The ``arith`` verifier: the integer after the completion's last ``#`` against the answer.
+
+The task (``rollwise.tasks.arith``) writes its working column by column and ends with
+``#<answer>``; only that final number is judged.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rollwise.types import Score
+
+_ANSWER = re.compile(r"#\s*(-?\d+)\s*$")
+
+
+def parse_answer(completion: str) -> int | None:
+    """The integer after the last ``#`` (the whole completion must end there), else None."""
+    m = _ANSWER.search(completion.strip())
+    return int(m.group(1)) if m else None
+
+
+def arith_reward(prompts, completions, answer, **_) -> list[float]:
+    """1.0 when the number after the final ``#`` equals ``answer``, else 0.0 with a reason.
+
+    >>> arith_reward(["2+2="], [" 2+2+0=04 #4"], answer=["4"])
+    [1.0]
+    """
+    out = []
+    for completion, expected in zip(completions, answer):
+        got = parse_answer(completion)
+        if got is None:
+            out.append(Score(0.0, "no final '#<integer>' answer"))
+        elif got != int(expected):
+            out.append(Score(0.0, f"wrong answer {got} (expected {expected})"))
+        else:
+            out.append(Score(1.0))
+    return out

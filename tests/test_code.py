@@ -18,11 +18,19 @@ from rollwise.filter.code import (
     threshold_score,
 )
 from rollwise.filter.registry import builtin_rewards, resolve_rewards
+from rollwise.filter.sandbox import Sandbox
 from rollwise.tasks.code import CodeConfig, code_fn_reward
 from rollwise.train.config import load_run_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DOUBLE = [{"input": "3", "output": "6"}, {"input": "10\n", "output": "20  \n\n"}]
+
+
+@pytest.fixture(scope="module")
+def sb():
+    """The sandbox a run would pass to its code rewards (one per module, closed after)."""
+    with Sandbox() as sandbox:
+        yield sandbox
 
 
 def test_threshold_scoring_by_hand():
@@ -33,27 +41,27 @@ def test_threshold_scoring_by_hand():
     assert threshold_score(3, 5, first_failure="case 1: x").reason == "passed 3/5 tests; first failure: case 1: x"
 
 
-def test_io_verifier_cases():
+def test_io_verifier_cases(sb):
     # METHODS.md io_verifier: wrong output -> 0, `while True: pass` -> timeout -> 0, compile error -> 0
     completions = ["n = int(input())\nprint(n * 2)", "print(int(input()) + 3)", "while True: pass", "print(int(input()) *",
                    "```python\nprint(2 * int(input()))\n```", ""]
-    scores = code_io(["p"] * 6, completions, [DOUBLE] * 6, timeout_s=0.5)
+    scores = code_io(["p"] * 6, completions, [DOUBLE] * 6, timeout_s=0.5, sandbox=sb)
     assert scores == [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
     assert scores[1].reason == "passed 1/2 tests; first failure: case 1: wrong output '13'"
     assert "timed out" in scores[2].reason and "SyntaxError" in scores[3].reason and "no code" in scores[5].reason
     assert normalize_output("a  \nb\t\n\n") == "a\nb"  # trailing whitespace per line stripped
-    half = code_io(["p"], ["print(6)"], [DOUBLE], partial=True)
+    half = code_io(["p"], ["print(6)"], [DOUBLE], partial=True, sandbox=sb)
     assert half == [0.5]
-    assert code_io(["p"], ["print(6)"], [DOUBLE], pass_threshold=[0.5]) == [1.0]
+    assert code_io(["p"], ["print(6)"], [DOUBLE], pass_threshold=[0.5], sandbox=sb) == [1.0]
 
 
-def test_assert_tests_keep_literal_expectations_outside_the_sandbox():
+def test_assert_tests_keep_literal_expectations_outside_the_sandbox(sb):
     assert split_assert("assert f(3) == 9") == ("f(3)", 9)
     assert split_assert("assert f(1) in (1,)") is None and split_assert("x = 1") is None
     tests = [["assert sq(3) == 9", "assert sq(-2) == 4", "assert sq(0) in (0,)"]] * 4
     completions = ["def sq(x): return x * x", "def sq(x): return x * 2", "def sq(x):\n  while True: pass",
                    "def sq(x): return {'x': lambda: 1}"]  # a value that is not a literal
-    scores = code_asserts(["p"] * 4, completions, tests, timeout_s=0.3)
+    scores = code_asserts(["p"] * 4, completions, tests, timeout_s=0.3, sandbox=sb)
     assert scores == [1.0, 0.0, 0.0, 0.0]
     assert "sq(3): returned 6" in scores[1].reason and "timeout" in scores[2].reason
     assert "non-literal" in scores[3].reason
@@ -65,35 +73,39 @@ def test_assert_tests_keep_literal_expectations_outside_the_sandbox():
         "            if c == 9 or (isinstance(c, tuple) and 9 in c):\n                return 9\n"
         "        f = f.f_back\n    return -1\n"
     )
-    assert code_asserts(["p"], [hunt], [["assert sq(3) in (9,)"]]) == [1.0]  # visible: documented limit
-    assert code_asserts(["p"], [hunt], [["assert sq(3) == 9"]]) == [0.0]  # hidden
+    assert code_asserts(["p"], [hunt], [["assert sq(3) in (9,)"]], sandbox=sb) == [1.0]  # visible: documented limit
+    assert code_asserts(["p"], [hunt], [["assert sq(3) == 9"]], sandbox=sb) == [0.0]  # hidden
 
 
-def test_exit_code_grading_humaneval_style():
+def test_exit_code_grading_humaneval_style(sb):
     prompt, test = "def add(a, b):\n", "def check(c):\n    assert c(1, 2) == 3\n"
     scores = code_exit([prompt] * 3, ["    return a + b\n", "    return a - b\n", "```python\ndef add(a, b): return b + a\n```"],
-                       [test] * 3, ["add"] * 3)
+                       [test] * 3, ["add"] * 3, sandbox=sb)
     assert scores == [1.0, 0.0, 1.0] and "AssertionError" in scores[1].reason
 
 
-def test_bad_output_and_bad_rows_never_raise():
+def test_bad_output_and_bad_rows_never_raise(sb):
     weird = [None, 12, [{"role": "assistant", "content": "print(6)"}], "\x00\udcff", "x" * 30_000]
-    scores = code_io(["p"] * 5, weird, [DOUBLE[:1]] * 5)
+    scores = code_io(["p"] * 5, weird, [DOUBLE[:1]] * 5, sandbox=sb)
     assert scores[2] == 1.0 and all(s == 0.0 for i, s in enumerate(scores) if i != 2)
-    bad_rows = code_io(["p"], ["print(1)"], [[{"no": "input"}]])
+    bad_rows = code_io(["p"], ["print(1)"], [[{"no": "input"}]], sandbox=sb)
     assert bad_rows == [0.0] and "could not build the tests" in bad_rows[0].reason
     assert extract_code("text\n```py\na = 1\n```\nmore\n```python\nb = 2\n```") == "b = 2\n"
     for name in ("code_io", "code_asserts", "code_exit"):
         assert name in builtin_rewards()
+    with pytest.raises(ConfigError, match="the run's sandbox"):  # no process-wide pool to fall back on
+        code_io(["p"], ["print(6)"], [DOUBLE])
+    with pytest.raises(ConfigError, match="the run's sandbox"):
+        CodeConfig(eval_size=4).build(seed=0)
 
 
 @pytest.mark.parametrize("name, path", [("mbpp", "mbpp_tiny.jsonl"), ("humaneval", "humaneval_tiny.jsonl")])
-def test_dataset_loaders_and_their_references_pass(name, path):
+def test_dataset_loaders_and_their_references_pass(name, path, sb):
     cfg = load_run_config(None, [f"task.name={name}", f"task.path={FIXTURES / path}", "task.eval_fraction=0.25"])
-    task = cfg.task.build(0)
+    task = cfg.task.build(0, sb)
     prompts = [task.train.get(i) for i in range(len(task.train.prompts))] + task.eval
     assert len(prompts) == len((FIXTURES / path).read_text().splitlines())
-    _, judge = resolve_rewards(None, task)
+    _, judge = resolve_rewards(None, task, sb)
     cols = {k: [p.reward_columns().get(k) for p in prompts] for k in prompts[0].reward_columns()}
     demos = [task.demonstrate(p) for p in prompts]
     assert judge.fn([p.text for p in prompts], demos, **cols) == [1.0] * len(prompts)
@@ -113,8 +125,8 @@ def test_loader_errors_name_file_line_and_field(tmp_path):
         load_run_config(None, ["task.name=code", "sandbox.isolation=none"])
 
 
-def test_code_task_prompts_demonstrations_and_hidden_cases():
-    task = CodeConfig(eval_size=30).build(seed=0)
+def test_code_task_prompts_demonstrations_and_hidden_cases(sb):
+    task = CodeConfig(eval_size=30).build(seed=0, sandbox=sb)
     prompts = [task.train.get(i) for i in range(40)]
     assert {p.text for p in prompts}.isdisjoint(p.text for p in task.eval)
     p = prompts[0]
@@ -130,7 +142,7 @@ def test_code_task_prompts_demonstrations_and_hidden_cases():
     assert reward([affine.text], [f" {b}+{a}*x"], **one) == [1.0]
     bad = reward([affine.text] * 4, [" x", " x*", " __import__('os').system('id')", " x\nimport os"], **{k: v * 4 for k, v in one.items()})
     assert bad == [0.0] * 4 and "single expression" in bad[3].reason
-    partial = code_fn_reward(partial=True)([affine.text], [f" x*{a}"], **one)
+    partial = code_fn_reward(partial=True, sandbox=sb)([affine.text], [f" x*{a}"], **one)
     assert 0.0 <= partial[0] < 1.0
 
 

@@ -212,19 +212,33 @@ def test_best_effort_is_explicit(monkeypatch):
 
 
 def test_run_python_entry_point_never_raises_for_what_the_code_did():
-    from rollwise.filter.sandbox import ExecResult, run_python, shutdown
+    from rollwise.filter.sandbox import ExecResult, Sandbox, run_python
 
-    try:
-        r = run_python("import sys\nprint(sys.stdin.read().upper(), end='')", stdin="abc", timeout_s=2, memory_mb=128)
+    assert run_python("print(6 * 7)").stdout == "42\n"  # no sandbox given: a one-off pool for this call
+    with Sandbox(SandboxConfig(workers=1)) as sb:
+        r = run_python("import sys\nprint(sys.stdin.read().upper(), end='')", stdin="abc", timeout_s=2, memory_mb=128,
+                       sandbox=sb)
         assert isinstance(r, ExecResult) and r.stdout == "ABC" and r.ok
         for code in ("raise SystemExit('bye')", "import os; os._exit(7)", "import os, signal; os.kill(os.getpid(), 9)",
                      "x = [0] * (10**10)"):
-            r = run_python(code, timeout_s=2, memory_mb=128)
+            r = run_python(code, timeout_s=2, memory_mb=128, sandbox=sb)
             assert not r.ok and isinstance(r.returncode, int)
-        assert run_python("import os; os.kill(os.getpid(), 9)").reason == "killed by SIGKILL"
-        assert run_python("print(input())", stdin="a\udcffb").stdout == "a?b\n"  # unencodable text, no crash
-        assert run_python("print('\\udcff')").stdout == "\\udcff\n"  # an unencodable string printed escaped
-        r = run_python("print('\udcff')")  # a lone surrogate in the source itself: the program fails, cleanly
+        assert run_python("import os; os.kill(os.getpid(), 9)", sandbox=sb).reason == "killed by SIGKILL"
+        assert run_python("print(input())", stdin="a\udcffb", sandbox=sb).stdout == "a?b\n"  # unencodable, no crash
+        assert run_python("print('\\udcff')", sandbox=sb).stdout == "\\udcff\n"  # printed escaped
+        r = run_python("print('\udcff')", sandbox=sb)  # a lone surrogate in the source itself: fails, cleanly
         assert r.returncode == 1 and "lost" not in r.reason
-    finally:
-        shutdown()
+        assert sb.started
+    assert not sb.started  # closed with the context
+
+
+def test_a_sandbox_handle_starts_nothing_until_used():
+    from rollwise.filter.sandbox import Sandbox
+
+    sb = Sandbox(SandboxConfig(workers=1))
+    assert not sb.started
+    sb.close()  # closing an unstarted handle is fine
+    assert sb.pool.run("print(1)").stdout == "1\n" and sb.started
+    sb.close()
+    sb.close()  # and idempotent
+    assert not sb.started

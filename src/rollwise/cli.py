@@ -84,6 +84,7 @@ def sft(
 ):
     """Supervised warm start on the task's demonstrations; saves a Hugging Face model directory."""
     from rollwise.config import ConfigError
+    from rollwise.filter.sandbox import Sandbox
     from rollwise.model.load import load_model_and_tokenizer
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import seed_everything
@@ -93,7 +94,8 @@ def sft(
     if cfg.sft.steps == 0:
         raise ConfigError("sft.steps is 0: nothing to train (pass --set sft.steps=300)")
     seed_everything(cfg.seed)
-    task = cfg.task.build(cfg.seed)
+    with Sandbox(cfg.sandbox) as sandbox:  # code tasks start it at build; SFT itself runs no code
+        task = cfg.task.build(cfg.seed, sandbox)
     model, tok = load_model_and_tokenizer(cfg.model, seed=cfg.seed)
     with console.status("SFT") as status:
         losses = run_sft(model, tok, task, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
@@ -115,7 +117,8 @@ def eval_(
     from rollwise.train.loop import Trainer
 
     cfg = load_run_config(str(recipe) if recipe else None, set_ or [])
-    result = Trainer(cfg).evaluate()  # the trainer's own eval: same prompts, judge, engine and seeds
+    with Trainer(cfg) as trainer:
+        result = trainer.evaluate()  # the trainer's own eval: same prompts, judge, engine and seeds
     console.print(json.dumps(result.metrics(), indent=2))
     if json_path:
         json_path.write_text(json.dumps(result.metrics(), indent=2))

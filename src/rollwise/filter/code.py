@@ -31,8 +31,9 @@ import ast
 import re
 from dataclasses import dataclass
 
+from rollwise.config import ConfigError
 from rollwise.filter.rewards import as_text
-from rollwise.filter.sandbox import Job, default_pool
+from rollwise.filter.sandbox import Job, Sandbox
 from rollwise.types import Score
 
 PER_TEST_TIMEOUT_S = 2.0
@@ -173,10 +174,18 @@ def _assert_cases(code: str, tests: list[str], setup: str, timeout_s: float) -> 
     return cases
 
 
-def run_cases(cases_per_completion: list[list[_Case]], threshold: float | list, partial: bool) -> list[Score]:
-    """Run every job of every completion in parallel through the pool, then score each completion."""
+def _pool(sandbox: Sandbox | None):
+    if sandbox is None:
+        raise ConfigError("code rewards run programs in the run's sandbox: pass sandbox= (a "
+                          "rollwise.filter.sandbox.Sandbox; the trainer binds its own to the built-in code rewards)")
+    return sandbox.pool
+
+
+def run_cases(cases_per_completion: list[list[_Case]], threshold: float | list, partial: bool,
+              sandbox: Sandbox | None) -> list[Score]:
+    """Run every job of every completion in parallel through the sandbox's pool, then score each completion."""
     jobs = [c.job for cases in cases_per_completion for c in cases if c.job is not None]
-    results = iter(default_pool().map(jobs)) if jobs else iter(())
+    results = iter(_pool(sandbox).map(jobs)) if jobs else iter(())
     scores = []
     for k, cases in enumerate(cases_per_completion):
         tau = threshold[k] if isinstance(threshold, list) else threshold
@@ -192,7 +201,7 @@ def run_cases(cases_per_completion: list[list[_Case]], threshold: float | list, 
     return scores
 
 
-def _grade(completions, build, threshold, partial) -> list[float]:
+def _grade(completions, build, threshold, partial, sandbox) -> list[float]:
     """Build each completion's cases (bad ones score 0 with a reason), run them, score them."""
     all_cases, early = [], {}
     for k, completion in enumerate(completions):
@@ -206,7 +215,7 @@ def _grade(completions, build, threshold, partial) -> list[float]:
         except Exception as err:  # a malformed test row is the data's fault; still never raise
             early[k] = Score(0.0, f"could not build the tests ({type(err).__name__}: {err})")
             all_cases.append([])
-    scores = run_cases(all_cases, threshold, partial)
+    scores = run_cases(all_cases, threshold, partial, sandbox)
     return [early.get(k, s) for k, s in enumerate(scores)]
 
 
@@ -215,26 +224,27 @@ def _taus(pass_threshold, n, default):
 
 
 def code_io(prompts, completions, io_cases, pass_threshold=None, threshold=1.0, partial=False,
-            timeout_s=PER_TEST_TIMEOUT_S, **_) -> list[float]:
+            timeout_s=PER_TEST_TIMEOUT_S, sandbox: Sandbox | None = None, **_) -> list[float]:
     """stdin/stdout cases (``io_verifier``): ``io_cases`` is a list of ``{"input", "output"}`` per row.
 
     >>> code_io(["p"], ["print(int(input()) * 2)"], [[{"input": "3", "output": "6"}]])  # doctest: +SKIP
     [1.0]
     """
     return _grade(completions, lambda k, code: _io_cases(code, io_cases[k], timeout_s),
-                  _taus(pass_threshold, len(completions), threshold), partial)
+                  _taus(pass_threshold, len(completions), threshold), partial, sandbox)
 
 
 
 def code_asserts(prompts, completions, tests, test_setup=None, pass_threshold=None, threshold=1.0, partial=False,
-                 timeout_s=PER_TEST_TIMEOUT_S, **_) -> list[float]:
+                 timeout_s=PER_TEST_TIMEOUT_S, sandbox: Sandbox | None = None, **_) -> list[float]:
     """MBPP-style assert tests: ``tests`` is a list of ``assert ...`` lines per row."""
     setups = test_setup or [""] * len(completions)
     return _grade(completions, lambda k, code: _assert_cases(code, list(tests[k]), setups[k] or "", timeout_s),
-                  _taus(pass_threshold, len(completions), threshold), partial)
+                  _taus(pass_threshold, len(completions), threshold), partial, sandbox)
 
 
-def code_exit(prompts, completions, test, entry_point=None, timeout_s=PER_TEST_TIMEOUT_S * 5, **_) -> list[float]:
+def code_exit(prompts, completions, test, entry_point=None, timeout_s=PER_TEST_TIMEOUT_S * 5,
+              sandbox: Sandbox | None = None, **_) -> list[float]:
     """HumanEval-style: prompt + completion + ``test`` (+ ``check(entry_point)``) must exit 0."""
 
     def build(k, code):
@@ -243,4 +253,4 @@ def code_exit(prompts, completions, test, entry_point=None, timeout_s=PER_TEST_T
         program += "\n\n" + test[k] + (f"\ncheck({entry_point[k]})\n" if entry_point is not None else "\n")
         return [_Case(Job(program, "", timeout_s), lambda r: "" if r.ok else _describe(r), "test program")]
 
-    return _grade(completions, build, 1.0, False)
+    return _grade(completions, build, 1.0, False, sandbox)

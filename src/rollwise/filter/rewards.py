@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rollwise.config import ConfigError
 from rollwise.types import RolloutGroup, Score
 
 log = logging.getLogger(__name__)
@@ -44,14 +45,14 @@ def load_callable(spec: str) -> Callable:
     """``"package.module:function"`` → the function (how users bring their own rewards)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"reward function '{spec}' must look like 'package.module:function'")
+        raise ConfigError(f"reward function '{spec}' must look like 'package.module:function'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise ValueError(f"reward function '{spec}': cannot import module '{module_name}' ({err})") from None
+        raise ConfigError(f"reward function '{spec}': cannot import module '{module_name}' ({err})") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"reward function '{spec}': module '{module_name}' has no callable '{attr}'")
+        raise ConfigError(f"reward function '{spec}': module '{module_name}' has no callable '{attr}'")
     return fn
 
 

@@ -138,5 +138,5 @@ class ArithConfig(StrictModel):
             raise ValueError(f"ops must be made of '+' and '-', got {self.ops!r}")
         return self
 
-    def build(self, seed: int) -> Task:
+    def build(self, seed: int, sandbox=None) -> Task:  # no code runs: the sandbox is not used
         return build(seed, self.eval_size, self.min_digits, self.max_digits, self.ops)

@@ -28,10 +28,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from rollwise.config import StrictModel
+from rollwise.config import ConfigError, StrictModel
 from rollwise.filter.code import call_cases, run_cases
 from rollwise.filter.rewards import as_text
-from rollwise.filter.sandbox import default_pool
+from rollwise.filter.sandbox import Sandbox
 from rollwise.tasks.base import Task
 from rollwise.types import Prompt, Score
 
@@ -84,11 +84,19 @@ class CodeSource:
         raise ValueError("code: the eval split holds (nearly) every problem; lower task.eval_size or task.max_const")
 
 
+def _start(sandbox: Sandbox | None) -> None:
+    """Start the run's sandbox workers now: a missing sandbox is an error before training, not 0 rewards."""
+    if sandbox is None:
+        raise ConfigError("code tasks run programs in the run's sandbox: build the task with "
+                          "task.build(seed, sandbox) (the trainer passes its own)")
+    sandbox.pool  # noqa: B018  (starting the pool is the point)
+
+
 def demonstrate(prompt: Prompt) -> str:
     return " " + prompt.columns["solution"]
 
 
-def code_fn_reward(threshold: float = 1.0, partial: bool = False):
+def code_fn_reward(threshold: float = 1.0, partial: bool = False, sandbox: Sandbox | None = None):
     """The task's reward: hidden ``f(x)`` cases of the completion's expression, run in the sandbox."""
 
     def code_fn(prompts, completions, hidden_x, hidden_y, **_) -> list[float]:
@@ -102,7 +110,7 @@ def code_fn_reward(threshold: float = 1.0, partial: bool = False):
             program = f"f = lambda x: ({expr})"
             cases.append([] if k in early else
                          call_cases(program, [f"f({x})" for x in hidden_x[k]], list(hidden_y[k]), CASE_TIMEOUT_S))
-        scores = run_cases(cases, threshold, partial)
+        scores = run_cases(cases, threshold, partial, sandbox)
         return [early.get(k, s) for k, s in enumerate(scores)]
 
     code_fn.__doc__ = "hidden f(x) cases of a Python expression, run in the sandbox (code task)"
@@ -121,8 +129,8 @@ class CodeConfig(StrictModel):
     threshold: float = Field(1.0, gt=0, le=1, description="test_threshold τ: reward 1 when pass fraction >= τ")
     partial: bool = Field(False, description="reward the fraction of hidden cases passed instead")
     eval_size: int = Field(200, ge=0, description="held-out prompts, never drawn for training")
-    def build(self, seed: int) -> Task:
-        default_pool()  # start the workers now: a missing sandbox is an error before training, not 0 rewards
+    def build(self, seed: int, sandbox: Sandbox | None = None) -> Task:
+        _start(sandbox)
         source = CodeSource(seed, list(self.families), self.max_const, self.shown, self.hidden)
         eval_rng = random.Random(f"code-eval:{seed}")
         evals: list[Prompt] = []
@@ -140,7 +148,7 @@ class CodeConfig(StrictModel):
             name="code",
             train=source,
             eval=evals,
-            rewards={"code_fn": code_fn_reward(self.threshold, self.partial)},
+            rewards={"code_fn": code_fn_reward(self.threshold, self.partial, sandbox)},
             demonstrate=demonstrate,
             description=f"Python expressions for {', '.join(self.families)} functions, {self.hidden} hidden cases",
         )

@@ -27,8 +27,9 @@ from pydantic import Field
 
 from rollwise.config import ConfigError, StrictModel
 from rollwise.filter.code import code_asserts, code_exit
-from rollwise.filter.sandbox import default_pool
+from rollwise.filter.sandbox import Sandbox
 from rollwise.tasks.base import ListSource, Task
+from rollwise.tasks.code import _start
 from rollwise.tasks.files import read_rows
 from rollwise.types import Prompt
 
@@ -92,7 +93,7 @@ class _CodeFileConfig(StrictModel):
     threshold: float = Field(1.0, gt=0, le=1, description="test_threshold τ: reward 1 when pass fraction >= τ")
     partial: bool = Field(False, description="reward the fraction of tests passed instead")
 
-    def _task(self, seed: int, make, reward, name: str) -> Task:
+    def _task(self, seed: int, make, reward, name: str, sandbox: Sandbox | None) -> Task:
         for key in ("path", "eval_path"):
             value = getattr(self, key)
             if value is not None and not Path(value).is_file():
@@ -100,7 +101,7 @@ class _CodeFileConfig(StrictModel):
         train, evals = load_split(self, make, seed)
         if not train:
             raise ConfigError(f"task.path: file '{self.path}' leaves no training problems after the eval split")
-        default_pool()  # a missing sandbox is an error now, not a run of zero rewards
+        _start(sandbox)
         return Task(name=name, train=ListSource(train, seed), eval=evals, rewards={reward.__name__: reward},
                     demonstrate=_demonstrate, description=f"{self.path}: {len(train)} train, {len(evals)} eval problems")
 
@@ -111,10 +112,11 @@ class MBPPConfig(_CodeFileConfig):
     name: Literal["mbpp"] = "mbpp"
     shown_tests: int = Field(1, ge=0, description="asserts shown in the prompt (all of them grade)")
 
-    def build(self, seed: int) -> Task:
+    def build(self, seed: int, sandbox: Sandbox | None = None) -> Task:
         reward = functools.update_wrapper(
-            functools.partial(code_asserts, threshold=self.threshold, partial=self.partial), code_asserts)
-        return self._task(seed, mbpp_prompt, reward, "mbpp")
+            functools.partial(code_asserts, threshold=self.threshold, partial=self.partial, sandbox=sandbox),
+            code_asserts)
+        return self._task(seed, mbpp_prompt, reward, "mbpp", sandbox)
 
 
 class HumanEvalConfig(_CodeFileConfig):
@@ -123,5 +125,6 @@ class HumanEvalConfig(_CodeFileConfig):
     name: Literal["humaneval"] = "humaneval"
     shown_tests: int = Field(0, ge=0, le=0, description="unused (HumanEval prompts carry their own examples)")
 
-    def build(self, seed: int) -> Task:
-        return self._task(seed, humaneval_prompt, code_exit, "humaneval")
+    def build(self, seed: int, sandbox: Sandbox | None = None) -> Task:
+        reward = functools.update_wrapper(functools.partial(code_exit, sandbox=sandbox), code_exit)
+        return self._task(seed, humaneval_prompt, reward, "humaneval", sandbox)

@@ -57,8 +57,8 @@ class FileTaskConfig(StrictModel):
             raise ValueError(f"unknown reward {value!r}; built-in rewards: {', '.join(known)}")
         return value
 
-    def build(self, seed: int) -> Task:
-        return build(self, seed)
+    def build(self, seed: int, sandbox=None) -> Task:
+        return build(self, seed, sandbox)
 
 
 def _where(path: Path, index: int) -> str:
@@ -168,7 +168,7 @@ def _sample(prompts: list[Prompt], size: int | None, seed: int) -> list[Prompt]:
     return [p for i, p in enumerate(prompts) if i in keep]
 
 
-def build(cfg: FileTaskConfig, seed: int = 0) -> Task:
+def build(cfg: FileTaskConfig, seed: int = 0, sandbox=None) -> Task:
     if cfg.reward == "math_answer" and cfg.answer_field is None:
         raise ConfigError("task.reward 'math_answer' needs reference answers: set task.answer_field")
     train, evals = _split(cfg, seed)
@@ -181,7 +181,7 @@ def build(cfg: FileTaskConfig, seed: int = 0) -> Task:
         name="file",
         train=ListSource(train, seed),
         eval=evals,
-        rewards={cfg.reward: builtin_rewards()[cfg.reward]},
+        rewards={cfg.reward: builtin_rewards(sandbox)[cfg.reward]},
         demonstrate=(lambda prompt: str(prompt.columns[demo_field])) if demo_field else None,
         description=f"{cfg.path}: {len(train)} train prompts, {len(evals)} eval prompts",
     )

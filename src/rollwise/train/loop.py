@@ -28,7 +28,7 @@ from rollwise.eval.accuracy import EvalResult, evaluate
 from rollwise.filter.overlong import add_overlong_penalty
 from rollwise.filter.registry import resolve_rewards
 from rollwise.filter.rewards import score_groups
-from rollwise.filter.sandbox import configure as configure_sandbox
+from rollwise.filter.sandbox import Sandbox
 from rollwise.generate import build_generator
 from rollwise.model.load import encode_prompt, load_model_and_tokenizer
 from rollwise.optim.batch import build_batch
@@ -104,10 +104,10 @@ class Trainer:
         if cfg.model.threads:
             torch.set_num_threads(cfg.model.threads)
         self.run_dir = Path(cfg.output_dir) / cfg.name
-        configure_sandbox(cfg.sandbox)  # before the task: code tasks start the sandbox's workers
-        self.task = cfg.task.build(cfg.seed)
+        self.sandbox = Sandbox(cfg.sandbox)  # the run's own: code tasks and rewards get it, close() stops it
+        self.task = cfg.task.build(cfg.seed, self.sandbox)
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.seed)
-        self.reward_fns, self.judge = resolve_rewards(cfg.rewards, self.task)
+        self.reward_fns, self.judge = resolve_rewards(cfg.rewards, self.task, self.sandbox)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
         )
@@ -281,9 +281,7 @@ class Trainer:
         """Flush the logs and stop what the run started (the sandbox's workers)."""
         if self.log is not None:
             self.log.close()
-        sandbox = getattr(self, "sandbox", None)
-        if sandbox is not None:
-            sandbox.close()
+        self.sandbox.close()
 
     def __enter__(self) -> "Trainer":
         return self

@@ -23,9 +23,6 @@ the code runs under the sandbox's Python (``sandbox.python``), not the trainer's
 
 from __future__ import annotations
 
-import atexit
-import threading
-
 from rollwise.filter.sandbox.config import SandboxConfig
 from rollwise.filter.sandbox.isolation import Isolation, SandboxUnavailable, detect
 from rollwise.filter.sandbox.pool import ExecResult, Job, SandboxPool
@@ -33,51 +30,58 @@ from rollwise.filter.sandbox.pool import ExecResult, Job, SandboxPool
 DEFAULT_TIMEOUT_S = SandboxConfig.model_fields["timeout_s"].default
 DEFAULT_MEMORY_MB = SandboxConfig.model_fields["memory_mb"].default
 
-_lock = threading.Lock()
-_pool: SandboxPool | None = None
-_config: SandboxConfig | None = None
 
+class Sandbox:
+    """The run's sandbox: a lazy handle on one ``SandboxPool``.
 
-def configure(config: SandboxConfig | None) -> None:
-    """Set the config of the shared pool; a running pool with another config is replaced."""
-    global _pool, _config
-    with _lock:
-        if _pool is not None and _pool.config != (config or SandboxConfig()):
-            _pool.close()
-            _pool = None
-        _config = config
+    The run creates it (``Trainer``: ``Sandbox(cfg.sandbox)``) and passes it to the tasks and
+    rewards that run code; ``.pool`` starts the workers on first use, so a run without code never
+    starts them, and ``close()`` stops them. There is no process-wide pool to configure first.
 
+    >>> with Sandbox(SandboxConfig(workers=1)) as sb:           # doctest: +SKIP
+    ...     sb.pool.run("print(6 * 7)").stdout
+    '42\\n'
+    """
 
-def default_pool() -> SandboxPool:
-    """The process-wide pool (started on first use with the configured ``SandboxConfig``)."""
-    global _pool
-    with _lock:
-        if _pool is None:
-            _pool = SandboxPool(_config)
-        return _pool
+    def __init__(self, config: SandboxConfig | None = None):
+        self.config = config or SandboxConfig()
+        self._pool: SandboxPool | None = None
 
+    @property
+    def pool(self) -> SandboxPool:
+        if self._pool is None:
+            self._pool = SandboxPool(self.config)
+        return self._pool
 
-def shutdown() -> None:
-    """Stop the shared pool's workers (it restarts on next use)."""
-    global _pool
-    with _lock:
-        if _pool is not None:
-            _pool.close()
-            _pool = None
+    @property
+    def started(self) -> bool:
+        return self._pool is not None
 
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
-atexit.register(shutdown)
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def run_python(code: str, *, stdin: str = "", timeout_s: float = DEFAULT_TIMEOUT_S,
-               memory_mb: int = DEFAULT_MEMORY_MB) -> ExecResult:
+               memory_mb: int = DEFAULT_MEMORY_MB, sandbox: Sandbox | None = None) -> ExecResult:
     """Run ``code`` as a Python program in the sandbox; never raises because of what it did.
 
-    Raises ``SandboxUnavailable`` only if the sandbox itself cannot start here (the message
-    names what is missing and the fix).
+    Uses ``sandbox``'s pool, or a one-worker pool started for this call alone. Raises
+    ``SandboxUnavailable`` only if the sandbox itself cannot start here (the message names
+    what is missing and the fix).
     """
-    return default_pool().run(code, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb)
+    if sandbox is not None:
+        return sandbox.pool.run(code, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb)
+    with SandboxPool(SandboxConfig(workers=1)) as pool:
+        return pool.run(code, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb)
 
 
-__all__ = ["ExecResult", "Isolation", "Job", "SandboxConfig", "SandboxPool", "SandboxUnavailable", "configure",
-           "default_pool", "detect", "run_python", "shutdown"]
+__all__ = ["ExecResult", "Isolation", "Job", "Sandbox", "SandboxConfig", "SandboxPool", "SandboxUnavailable",
+           "detect", "run_python"]

@@ -65,23 +65,26 @@ def test_assert_tests_keep_literal_expectations_outside_the_sandbox(sb):
     assert scores == [1.0, 0.0, 0.0, 0.0]
     assert "sq(3): returned 6" in scores[1].reason and "timeout" in scores[2].reason
     assert "non-literal" in scores[3].reason
-    # a program that hunts its callers' code for the expected value finds it in an assert that
-    # runs in-process, and not in a split one: the expected value is not in the process at all
+    # a program that hunts its callers' code for the expected value finds it nowhere: split asserts
+    # keep the value out of the sandbox, other asserts run in the harness's trusted process
     hunt = (
         "import sys\ndef sq(x):\n    f = sys._getframe(1)\n    while f:\n"
         "        for c in f.f_code.co_consts:\n"
         "            if c == 9 or (isinstance(c, tuple) and 9 in c):\n                return 9\n"
         "        f = f.f_back\n    return -1\n"
     )
-    assert code_asserts(["p"], [hunt], [["assert sq(3) in (9,)"]], sandbox=sb) == [1.0]  # visible: documented limit
-    assert code_asserts(["p"], [hunt], [["assert sq(3) == 9"]], sandbox=sb) == [0.0]  # hidden
+    assert code_asserts(["p"], [hunt], [["assert sq(3) in (9,)"]], sandbox=sb) == [0.0]  # before: 1.0
+    assert code_asserts(["p"], [hunt], [["assert sq(3) == 9"]], sandbox=sb) == [0.0]
+    honest = code_asserts(["p"], ["def sq(x): return x * x"], [["assert sq(3) in (9,)", "assert sq(2) == sorted([4])[0]"]],
+                          sandbox=sb)
+    assert honest == [1.0]
 
 
 def test_exit_code_grading_humaneval_style(sb):
     prompt, test = "def add(a, b):\n", "def check(c):\n    assert c(1, 2) == 3\n"
     scores = code_exit([prompt] * 3, ["    return a + b\n", "    return a - b\n", "```python\ndef add(a, b): return b + a\n```"],
                        [test] * 3, ["add"] * 3, sandbox=sb)
-    assert scores == [1.0, 0.0, 1.0] and "AssertionError" in scores[1].reason
+    assert scores == [1.0, 0.0, 1.0] and "assertion failed" in scores[1].reason
 
 
 def test_bad_output_and_bad_rows_never_raise(sb):

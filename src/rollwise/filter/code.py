@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass
 
 from rollwise.config import ConfigError
+from rollwise.filter.harness import harness_job, read_verdict
 from rollwise.filter.rewards import as_text
 from rollwise.filter.sandbox import Job, Sandbox
 from rollwise.types import Score
@@ -162,15 +163,35 @@ def split_assert(test: str) -> tuple[str, object] | None:
         return None
 
 
+def harness_cases(candidate: str, tests: list[str], trusted: str, names: list[str] | None, timeout_s: float,
+                  labels: list[str]) -> list[_Case]:
+    """One sandbox run of ``rollwise.filter.harness``: ``tests`` run in a trusted process against
+    proxies of the candidate's functions; one ``_Case`` per test, sharing that run's verdict."""
+    program, stdin, tag = harness_job(candidate, tests, trusted, names, call_timeout=timeout_s)
+    job = Job(program, stdin, timeout_s * (len(tests) + 2) + 2.0)
+    cases = []
+    for i, label in enumerate(labels):
+
+        def judge(res, i=i, tag=tag):
+            verdict = read_verdict(res.stdout, tag, len(tests))
+            if isinstance(verdict, str):  # the whole run failed: say why (the sandbox's reason first)
+                return res.reason or verdict
+            return verdict[i]
+
+        cases.append(_Case(job if i == 0 else None, judge, label))
+    return cases
+
+
 def _assert_cases(code: str, tests: list[str], setup: str, timeout_s: float) -> list[_Case]:
+    """Literal asserts become hidden call cases; the others run in the two-process harness, where
+    both sides of the comparison are values the trusted process built (never the candidate's objects)."""
     prelude = (setup + "\n" if setup else "") + code
     split = [split_assert(t) for t in tests]
     hidden = [(t, s) for t, s in zip(tests, split) if s is not None]
     cases = call_cases(prelude, [s[0] for _, s in hidden], [s[1] for _, s in hidden], timeout_s) if hidden else []
-    for test, s in zip(tests, split):
-        if s is None:
-            cases.append(_Case(Job(prelude + "\n" + test + "\n", "", timeout_s), lambda r: "" if r.ok else _describe(r),
-                               test[:60]))
+    visible = [t for t, s in zip(tests, split) if s is None]
+    if visible:
+        cases += harness_cases(prelude, visible, setup or "", None, timeout_s, [t[:60] for t in visible])
     return cases
 
 
@@ -243,14 +264,32 @@ def code_asserts(prompts, completions, tests, test_setup=None, pass_threshold=No
                   _taus(pass_threshold, len(completions), threshold), partial, sandbox)
 
 
+def _compiles(source: str) -> bool:
+    """The dataset's prompt stands alone as Python (HumanEval's: a signature and a docstring), so its
+    helper functions can run in the trusted process; compiled here, never executed."""
+    try:
+        compile(source, "<prompt>", "exec")
+        return True
+    except (SyntaxError, ValueError):
+        return False
+
+
 def code_exit(prompts, completions, test, entry_point=None, timeout_s=PER_TEST_TIMEOUT_S * 5,
               sandbox: Sandbox | None = None, **_) -> list[float]:
-    """HumanEval-style: prompt + completion + ``test`` (+ ``check(entry_point)``) must exit 0."""
+    """HumanEval-style: ``test`` (+ ``check(entry_point)``) must run to its end without an error.
+
+    The test code runs in the harness's trusted process (``rollwise.filter.harness``) with the
+    prompt's own helpers, and calls the completion's ``entry_point`` (every function it defines
+    when there is none) in the candidate's process; a pass is the trusted process's verdict, so
+    an early ``sys.exit(0)`` or an object that equals everything cannot produce one.
+    """
 
     def build(k, code):
         fenced = bool(_FENCE.search(as_text(completions[k])))
-        program = code if fenced else as_text(prompts[k]) + as_text(completions[k])  # the body continues the prompt
-        program += "\n\n" + test[k] + (f"\ncheck({entry_point[k]})\n" if entry_point is not None else "\n")
-        return [_Case(Job(program, "", timeout_s), lambda r: "" if r.ok else _describe(r), "test program")]
+        candidate = code if fenced else as_text(prompts[k]) + as_text(completions[k])  # the body continues the prompt
+        names = [entry_point[k]] if entry_point is not None else None
+        tests = [test[k] + (f"\ncheck({entry_point[k]})\n" if entry_point is not None else "\n")]
+        trusted = as_text(prompts[k]) if entry_point is not None and _compiles(as_text(prompts[k])) else ""
+        return harness_cases(candidate, tests, trusted, names, timeout_s, ["test program"])
 
     return _grade(completions, build, 1.0, False, sandbox)

@@ -54,37 +54,64 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state
 
 
 def unique_weights(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """(one CPU copy per distinct storage, {alias: stored name}): tied embeddings are written once.
+    """(one tensor per distinct storage, {alias: stored name}): tied embeddings are written once.
 
     Two names alias when they are views of the same storage with the same offset, shape and
     strides (a tied ``lm_head.weight`` is ``embed_tokens.weight``); a 7B model's 500M-parameter
-    embedding is then not written twice.
+    embedding is then not written twice. CPU tensors are handed to safetensors as they are
+    (it writes from their memory), not copied: a copy would hold a second model in RAM while
+    the checkpoint is written. Only a view overlapping an already stored one is copied, since
+    safetensors refuses tensors that share memory.
     """
-    stored: dict[tuple, str] = {}
-    weights, aliases = {}, {}
-    for name, tensor in state.items():
-        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-               tuple(tensor.stride()), tensor.dtype)
-        if key in stored:
-            aliases[name] = stored[key]
-            continue
-        stored[key] = name
-        weights[name] = tensor.detach().to("cpu", copy=True).contiguous()
+    weights, aliases, seen = {}, {}, set()
+    for first, *others in tied_groups(state):
+        tensor = state[first].detach()
+        storage = (tensor.device, tensor.untyped_storage().data_ptr())
+        tensor = tensor.to("cpu")
+        weights[first] = tensor.clone(memory_format=torch.contiguous_format) if storage in seen else tensor.contiguous()
+        seen.add(storage)
+        aliases.update(dict.fromkeys(others, first))
     return weights, aliases
 
 
+def tied_groups(state: dict[str, torch.Tensor]) -> list[list[str]]:
+    """The state dict's names grouped by the tensor they name: ``[["model.embed_tokens.weight",
+    "lm_head.weight"], ["model.norm.weight"], ...]`` for a tied model, in state-dict order."""
+    groups: dict[tuple, list[str]] = {}
+    for name, t in state.items():
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        groups.setdefault(key, []).append(name)
+    return list(groups.values())
+
+
 def load_weights(path: Path, model) -> None:
-    """Load ``model.safetensors`` into ``model`` in place, aliases included (ties stay tied)."""
-    file = str(path / "model.safetensors")
-    with safe_open(file, "pt") as f:
+    """Copy ``model.safetensors`` into ``model``'s tensors in place, one tensor at a time.
+
+    In place, ties hold by construction: a tied ``lm_head.weight`` is the embedding, filled
+    once from the stored name (or from both names of a checkpoint written before aliases,
+    when they are equal). Tensor by tensor, a resume never holds a second copy of the model.
+    A checkpoint that does not fit the model (names, shapes, or two different tensors where
+    the model has one) is a ConfigError naming what differs.
+    """
+    targets = model.state_dict()
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        stored = set(f.keys())
         aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
-    weights = load_file(file)
-    for alias, name in aliases.items():
-        weights[alias] = weights[name]
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    if unexpected or missing:
-        raise ConfigError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected} "
-                          "(resume with the model the run started from)")
+        source = {n: n for n in stored} | {a: n for a, n in aliases.items() if n in stored}
+        missing, unexpected = sorted(set(targets) - set(source)), sorted(set(source) - set(targets))
+        shapes = {n: list(f.get_slice(source[n]).get_shape()) for n in targets if n in source}
+        wrong = [f"{n} {shapes[n]} vs {list(targets[n].shape)}" for n in shapes if shapes[n] != list(targets[n].shape)]
+        if missing or unexpected or wrong:
+            raise ConfigError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}, "
+                              f"shapes {wrong} (resume with the model the run started from)")
+        with torch.no_grad():
+            for names in tied_groups(targets):
+                first, *others = sorted({source[n] for n in names})
+                tensor = f.get_tensor(first)
+                if any(not torch.equal(tensor, f.get_tensor(other)) for other in others):
+                    raise ConfigError(f"checkpoint {path} stores {[first, *others]} as different tensors, but the "
+                                      "model ties them (resume with the model the run started from)")
+                targets[names[0]].copy_(tensor)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -7,6 +7,11 @@ a multiple of the advantage), so when no term without an advantage is active (a 
 backward are skipped (``optim.skip_zero_advantage``). The loss weights are computed on the
 whole batch first, so the loss, the gradient and the optimizer step are those of the full
 batch; ``update/skipped_rows`` logs the share saved.
+
+Llama-family models run the forward packed (``rollwise.model.packed``, ``optim.forward``):
+no padding, the engine's own arithmetic, the LM head only on completion tokens; other
+models run the HF module on the padded micro-batch. Both give the same log-probs and
+gradients (``tests/test_packed.py``, ``tests/test_optim.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from rollwise.model.logprobs import logits_chunk, token_logprobs_and_entropy
+from rollwise.model.packed import PackedForward
 from rollwise.optim.batch import TrainBatch
 from rollwise.optim.losses import token_weights
 from rollwise.optim.objective import ObjectiveConfig, policy_loss
@@ -23,15 +29,28 @@ def _micro_batches(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
+def _logprobs(model, packed: PackedForward | None, sub: TrainBatch, sampling: dict, budget_mb: float | None,
+              with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) ``[b, t-1]`` of a micro-batch's completion tokens under ``model``:
+    packed when ``packed`` is given, else the HF module on the padded rows."""
+    if packed is not None:
+        scored = sub.completion_mask
+        chunk = logits_chunk(model, 1, int(scored.sum()) + 1, budget_mb)  # the head sees scored positions only
+        return packed.logprobs(sub.input_ids, sub.attention_mask, scored, chunk=chunk, with_entropy=with_entropy,
+                               **sampling)
+    chunk = logits_chunk(model, *sub.input_ids.shape, budget_mb)
+    return token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, with_entropy=with_entropy,
+                                      chunk=chunk, **sampling)
+
+
 @torch.no_grad()
-def _logprobs_no_grad(model, batch: TrainBatch, size: int, sampling: dict, budget_mb: float | None) -> torch.Tensor:
+def _logprobs_no_grad(model, batch: TrainBatch, size: int, sampling: dict, budget_mb: float | None,
+                      packed: bool) -> torch.Tensor:
     """Log-probs [B, T-1] of the batch under ``model`` without gradient (old or reference policy)."""
     out = torch.zeros_like(batch.behavior_logprobs)
+    forward = PackedForward(model) if packed else None
     for mb in _micro_batches(len(batch), size):
-        sub = batch.select(mb)
-        chunk = logits_chunk(model, *sub.input_ids.shape, budget_mb)
-        lp, _ = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, with_entropy=False,
-                                           chunk=chunk, **sampling)
+        lp, _ = _logprobs(model, forward, batch.select(mb), sampling, budget_mb, with_entropy=False)
         out[mb, : lp.shape[1]] = lp
     return out
 
@@ -45,6 +64,7 @@ def policy_update(
     model, optimizer, batch: TrainBatch, objective: ObjectiveConfig, *, micro_batch_size: int,
     num_iterations: int, max_grad_norm: float, max_len: int, temperature: float = 1.0, top_k: int = 0,
     top_p: float = 1.0, ref_model=None, skip_zero_advantage: bool = True, logits_budget_mb: float | None = None,
+    packed: bool = False,
 ) -> dict[str, float]:
     """``num_iterations`` optimizer steps on ``batch``; returns averaged metrics.
 
@@ -52,6 +72,7 @@ def policy_update(
     ``temperature``/``top_k``/``top_p`` are the sampling settings: trainer log-probs are
     computed on the distribution the engine sampled from. ``logits_budget_mb`` caps the
     float32 logits a forward holds at once (``rollwise.model.logprobs``: chunked LM head).
+    ``packed`` runs the forward packed (Llama-family models: ``supports_packing``).
     """
     device = next(model.parameters()).device
     batch = batch.to(device)
@@ -63,7 +84,7 @@ def policy_update(
     shaping: dict[str, float] = {}
     ref_full = None
     if objective.needs_reference:
-        ref_full = _logprobs_no_grad(ref_model, batch, micro_batch_size, sampling, logits_budget_mb)
+        ref_full = _logprobs_no_grad(ref_model, batch, micro_batch_size, sampling, logits_budget_mb, packed)
         if "ace" in objective.shaping:
             batch.advantages, shaping = ace_shift(batch, ref_full)
     n_rows = len(batch)
@@ -74,10 +95,11 @@ def policy_update(
     weights = weights[rows]
     ref = ref_full[rows] if ref_full is not None else None
     # With one pass, the proximal ("old") policy is the current one: ratio 1, detached.
-    old = (_logprobs_no_grad(model, work, micro_batch_size, sampling, logits_budget_mb)
+    old = (_logprobs_no_grad(model, work, micro_batch_size, sampling, logits_budget_mb, packed)
            if num_iterations > 1 and work is not None else None)
     total_tokens = max(float(trained[rows].sum()), 1.0)
     totals: dict[str, float] = {}
+    forward = PackedForward(model) if packed else None
     model.train()
     for _ in range(num_iterations):
         optimizer.zero_grad(set_to_none=True)
@@ -85,9 +107,7 @@ def policy_update(
             sub = work.select(mb)
             width = sub.completion_mask.shape[1]
             mask = sub.trained_mask
-            chunk = logits_chunk(model, *sub.input_ids.shape, logits_budget_mb)
-            policy_lp, entropy = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, chunk=chunk,
-                                                            **sampling)
+            policy_lp, entropy = _logprobs(model, forward, sub, sampling, logits_budget_mb)
             old_lp = policy_lp.detach() if old is None else old[mb, :width]
             loss, m = policy_loss(
                 policy_lp, old_lp, sub.advantages, mask, weights[mb, :width], objective,

@@ -56,6 +56,10 @@ class OptimConfig(StrictModel):
     logits_budget_mb: float | None = Field(
         512, gt=0, description="cap on the float32 logits one forward of the update holds at once: larger "
         "vocabularies go through the LM head in chunks, recomputed in the backward (null = whole logits)")
+    forward: Literal["auto", "packed", "hf"] = Field(
+        "auto", description="the update's forward: packed (no padding, short rows share a row, the LM head only on "
+        "completion tokens; Llama/Qwen2/Mistral), hf (the HF module on padded rows, any model), auto = packed when "
+        "the model supports it")
 
 
 class TrainConfig(StrictModel):

@@ -31,6 +31,7 @@ from rollwise.filter.rewards import score_groups
 from rollwise.filter.sandbox import Sandbox
 from rollwise.generate import build_generator
 from rollwise.model.load import encode_prompt, load_model_and_tokenizer
+from rollwise.model.packed import supports_packing
 from rollwise.optim.batch import build_batch
 from rollwise.optim.objective import assign_advantages
 from rollwise.optim.update import policy_update
@@ -91,6 +92,18 @@ class Until:
         return None
 
 
+def packed_forward(choice: str, model) -> bool:
+    """Whether the update runs the packed forward (``optim.forward``)."""
+    if choice == "hf":
+        return False
+    if supports_packing(model):
+        return True
+    if choice == "packed":
+        raise ConfigError(f"optim.forward=packed runs Llama/Qwen2/Mistral models, not model_type "
+                          f"{model.config.model_type!r}; set optim.forward=auto or hf")
+    return False
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -112,6 +125,7 @@ class Trainer:
             self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.packed = packed_forward(cfg.optim.forward, self.model)
         self.engine = make_engine(self.model, pad_token_id=self.tokenizer.pad_token_id,
                                   max_batch_size=cfg.rollout.max_batch_size, seed=cfg.seed, kind=cfg.rollout.engine)
         r = cfg.rollout
@@ -159,7 +173,7 @@ class Trainer:
             self.model, self.optimizer, batch, cfg.objective, micro_batch_size=o.micro_batch_size,
             num_iterations=o.num_iterations, max_grad_norm=o.max_grad_norm, max_len=r.max_new_tokens,
             temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, ref_model=self.ref_model,
-            skip_zero_advantage=o.skip_zero_advantage, logits_budget_mb=o.logits_budget_mb,
+            skip_zero_advantage=o.skip_zero_advantage, logits_budget_mb=o.logits_budget_mb, packed=self.packed,
         )
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the LR this step trained with
         self.scheduler.step()  # once per training step, however many iterations the update ran

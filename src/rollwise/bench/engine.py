@@ -101,12 +101,14 @@ def _quiet_transformers():
 
     old = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # "Loading weights" bars would scroll the bench's own status away
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
         hf_logging.set_verbosity(old)
+        hf_logging.enable_progress_bar()
 
 
 def _left_pad(batch: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

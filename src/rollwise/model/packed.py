@@ -11,7 +11,8 @@ padded to the longest one (30% of the demo's update was padding) and HF's per-ca
   they use varlen flash-attention (CPU has none);
 - runs the arithmetic of the engine's own Llama implementation (``rollwise.engine.llama``,
   the same parameter references: no copies, gradients reach the HF module's parameters) with
-  q/k/v and gate/up each fused into one matrix multiply;
+  q/k/v fused into one matrix multiply, and RoPE on q and k as one complex
+  multiply (no ``rotate_half`` copies forward or backward);
 - sends through the LM head only the positions that are scored (completion tokens), not the
   prompt's, in slices under a logits budget with activation checkpointing
   (``rollwise.model.logprobs``: the ``[N, V]`` float32 logits of a 150k vocabulary never exist
@@ -30,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from rollwise.engine.llama import LlamaForward, UnsupportedModelError, _rms, _rope, check_supported
+from rollwise.engine.llama import LlamaForward, UnsupportedModelError, _rms, check_supported
 from rollwise.model.logprobs import _scored
 
 
@@ -126,21 +127,27 @@ class PackedForward:
         ids = input_ids.new_zeros(nb * C)
         ids[packing.dest] = input_ids[packing.rows, packing.cols]
         x = F.embedding(ids.view(nb, C), f.embed)  # [nb, C, D]
-        cos, sin = f._cos[packing.positions][:, None], f._sin[packing.positions][:, None]  # [nb, 1, C, hd]
+        half = hd // 2
+        cis = torch.complex(f._cos[:, :half], f._sin[:, half:])[packing.positions][:, :, None]  # [nb, C, 1, hd/2]
+        pairs = _rope_pairs(H + Hkv, hd, qkv_rows=(H + 2 * Hkv) * hd, device=x.device)
         masks = {w: packing.attention_bias(w, G, f.dtype) for w in f.windows}
         for layer in f.layers:
             h = _rms(x, layer.norm_in, layer.eps)
-            qkv = F.linear(h, *_fused(layer.q, layer.k, layer.v))  # [nb, C, (H + 2 Hkv) hd]
-            q, k, v = qkv.split((H * hd, Hkv * hd, Hkv * hd), dim=-1)
-            q = _rope(q.view(nb, C, H, hd).transpose(1, 2), cos, sin)  # [nb, H, C, hd]
-            k = _rope(k.view(nb, C, Hkv, hd).transpose(1, 2), cos, sin)  # [nb, Hkv, C, hd]
-            v = v.view(nb, C, Hkv, hd).transpose(1, 2)
+            weight, bias = _fused(layer.q, layer.k, layer.v)
+            qkv = F.linear(h, weight[pairs], None if bias is None else bias[pairs])  # [nb, C, (H + 2 Hkv) hd]
+            # RoPE on q and k at once, as one complex multiply: their rows were reordered so that
+            # features i and i + hd/2 of a head (the pair HF's rotate_half mixes) sit side by side
+            qk = torch.view_as_complex(qkv[..., : (H + Hkv) * hd].view(nb, C, H + Hkv, half, 2)) * cis
+            qk = torch.view_as_real(qk).view(nb, C, H + Hkv, hd).transpose(1, 2)  # [nb, H + Hkv, C, hd]
+            q, k = qk[:, :H], qk[:, H:]  # the same reordering in q and k: q·k is unchanged
+            v = qkv[..., (H + Hkv) * hd :].view(nb, C, Hkv, hd).transpose(1, 2)  # [nb, Hkv, C, hd]
             o = F.scaled_dot_product_attention(q.reshape(nb, Hkv, G * C, hd), k, v, attn_mask=masks[layer.window],
                                                scale=layer.scale)  # [nb, Hkv, G*C, hd]
             x = x + F.linear(o.view(nb, H, C, hd).transpose(1, 2).reshape(nb, C, H * hd), *layer.o)
             h = _rms(x, layer.norm_post, layer.eps)
-            gate, up = F.linear(h, *_fused(layer.gate, layer.up)).chunk(2, dim=-1)
-            x = x + F.linear(layer.act(gate) * up, *layer.down)
+            # gate and up as two products: halves of one fused product are strided views, and the
+            # elementwise ops on them (forward and backward) cost more than the second matmul saves
+            x = x + F.linear(layer.act(F.linear(h, *layer.gate)) * F.linear(h, *layer.up), *layer.down)
         return _rms(x, *f.norm).view(nb * C, -1)
 
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor, *,
@@ -176,6 +183,19 @@ class PackedForward:
             return logprobs, None
         ent = torch.cat([o[1] for o in outs]) if outs else lp.new_zeros(0)
         return logprobs, torch.zeros_like(logprobs).index_put((r, t), ent)
+
+
+def _rope_pairs(heads: int, hd: int, qkv_rows: int, device) -> torch.Tensor:
+    """Row order of a fused q/k/v weight that puts features ``i`` and ``i + hd/2`` of each of the
+    first ``heads`` heads next to each other (the value rows keep their order).
+
+    >>> _rope_pairs(1, 4, 6, "cpu").tolist()
+    [0, 2, 1, 3, 4, 5]
+    """
+    half = hd // 2
+    within = torch.stack((torch.arange(half), torch.arange(half) + half), dim=-1).flatten()  # [hd]
+    qk = (torch.arange(heads)[:, None] * hd + within).flatten()
+    return torch.cat((qk, torch.arange(heads * hd, qkv_rows))).to(device)
 
 
 def _fused(*parts: tuple[torch.Tensor, torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -13,14 +13,41 @@ TINY = ["arms=[skip]", "recipe=null", "steps=2", "overrides=[sft.steps=150,sft.b
 def test_update_bench_runs_both_arms_on_the_same_data():
     out = io.StringIO()
     res = run_update_bench(TINY, Console(file=out, width=200))
-    skip, no_skip = res["skip"], res["no_skip"]
+    skip, no_skip = res["skip"]["true"], res["skip"]["false"]
     assert no_skip["update/skipped_rows"] == 0
     # the skip arm skipped exactly the rows of its zero-signal groups (flat groups of equal size)
     assert skip["update/skipped_rows"] == skip["groups/zero_signal"]
     assert 0 < skip["groups/zero_signal"] < 1  # a mixed batch: some rows trained, some skipped
     assert skip["reward/mean"] == no_skip["reward/mean"]  # same warm start and seed: the same first rollouts
-    assert res["max_loss_difference"] < 1e-5
+    assert res["skip"]["max_loss_difference"] < 1e-5
     assert "update time ratio" in out.getvalue()
+
+
+def test_update_bench_forward_arm_trains_the_same_with_both_forwards():
+    res = run_update_bench([*TINY[1:], "arms=[forward]"], Console(file=io.StringIO(), width=200))["forward"]
+    packed, hf = res["packed"], res["hf"]
+    assert res["setting"] == "optim.forward" and packed["reward/mean"] == hf["reward/mean"]
+    assert 0 < packed["update/skipped_rows"] == hf["update/skipped_rows"] < 1
+    assert res["max_loss_difference"] < 1e-5
+
+
+def test_update_bench_throughput_counts_only_real_tokens():
+    from rollwise.bench.update import task_batch, update_flops
+    from rollwise.model.tiny import build_tiny
+
+    model, tok = build_tiny("tiny")
+    batch = task_batch(tok, rows=16, group=4)
+    real, padded = int(batch.attention_mask.sum()), batch.attention_mask.numel()
+    assert real < padded  # the lengths differ: the padded path does work that is not counted
+    assert (batch.advantages.abs().sum(-1) > 0).all()  # every row carries signal: none is skipped
+    vocab, hidden = model.lm_head.weight.shape
+    decoder = sum(p.numel() for p in model.parameters()) - vocab * hidden  # tied: embedding = head
+    assert update_flops(model, batch) == 6.0 * (decoder * real + vocab * hidden * float(batch.completion_mask.sum()))
+    res = run_update_bench(["arms=[throughput]", "presets=[tiny]", "repeats=2"],
+                           Console(file=io.StringIO(), width=200))["throughput"]
+    row = res["presets"]["tiny"]
+    assert row["real_tokens"] < row["padded_tokens"] and row["packed"]["seconds"] > 0 and row["hf"]["seconds"] > 0
+    assert row["packed"]["flop_utilization"] == row["useful_flops"] / row["packed"]["seconds"] / res["matmul_flop_s"]
 
 
 def test_update_bench_memory_arm_runs_both_settings_in_fresh_processes():

@@ -1,12 +1,23 @@
-"""``rollwise bench update``: the policy update with and without skipping zero-advantage rows.
+"""``rollwise bench update``: what the policy update costs, and what each of its levers saves.
 
-Two trainers with the same recipe, seed and warm start — one with
-``optim.skip_zero_advantage=true``, one with ``false`` — take ``steps`` training steps in
-turn, in one process (alternating, so a change in the machine's load hits both arms alike).
-Skipping changes no number of the update (``tests/test_loop.py`` checks the gradients are
+Paired arms (``skip``, ``forward``): two trainers with the same recipe, seed and warm start,
+differing in one setting — ``optim.skip_zero_advantage`` true/false, ``optim.forward``
+packed/hf — take ``steps`` training steps in turn, in one process (alternating who goes
+first, so a change in the machine's load hits both alike). Neither setting changes a number
+of the update (``tests/test_loop.py``, ``tests/test_update_packed.py`` check the gradients are
 equal), so the two runs train the same way and differ only in what the update runs.
 Reported per arm: mean ``time/update``, ``time/generate`` and ``time/step``; the share of
-rows skipped and of zero-signal groups; and the ratio of update times, measured side by side.
+rows skipped and of zero-signal groups; the ratio of update times, measured side by side.
+
+The ``throughput`` arm measures the update alone, for each model preset: one batch of 128
+rollouts whose lengths are the task's own (``arith`` prompts and their worked solutions, as
+the demo samples them once warm), every row with signal, updated ``repeats`` times by the
+packed and the HF forward in turn. Its FLOP utilisation counts only real work: 6 × the
+decoder's parameters × the real (unpadded) tokens of the trained rows + 6 × the LM head's
+parameters × the completion tokens it scores — padding, skipped rows, the head on prompt
+positions and attention scores do not count — divided by the update's wall time and the
+machine's fp32 matmul FLOP/s (a square matmul measured in this run, at the same thread
+count, as ``bench engine`` reports it).
 
 The ``memory`` arm measures the peak memory of one policy update on a large-vocabulary model
 (a Qwen2-shaped random model built locally, 151,936 tokens by default) with the whole logits
@@ -39,7 +50,11 @@ class UpdateBenchConfig(StrictModel):
     steps: int = Field(40, ge=1, description="training steps per arm")
     seed: int = Field(0, description="run seed of both arms")
     threads: int = Field(1, ge=0, description="torch threads (0 = the recipe's); 1 is steadiest on shared machines")
-    arms: list[Literal["skip", "memory"]] = Field(["skip", "memory"], min_length=1, description="what to run")
+    arms: list[Literal["skip", "forward", "throughput", "memory"]] = Field(
+        ["skip", "forward", "throughput", "memory"], min_length=1, description="what to run")
+    presets: list[str] = Field(["tiny", "medium"], min_length=1, description="throughput arm: model presets")
+    repeats: int = Field(8, ge=2, description="throughput arm: updates per forward and preset (the first of "
+                         "each is a warm-up and not counted)")
     vocab: int = Field(151_936, ge=2, description="memory arm: vocabulary of the random Qwen2-shaped model")
     hidden: int = Field(256, ge=8, description="memory arm: hidden size (the LM head dominates at a large vocabulary)")
     rows: int = Field(8, ge=1, description="memory arm: sequences in the update batch (one micro-batch; 16 rows of 256 take ~15 GB with whole logits)")
@@ -50,10 +65,15 @@ class UpdateBenchConfig(StrictModel):
 def run_update_bench(overrides: list[str], console) -> dict:
     cfg = validate(UpdateBenchConfig, apply_overrides({}, list(overrides)))
     out = {"settings": cfg.model_dump()}
-    if "skip" in cfg.arms:
-        with _quiet_transformers(), torch.random.fork_rng(), tempfile.TemporaryDirectory() as tmp:
-            out |= _run(cfg, Path(tmp), console)
-        _print(console, out)
+    for arm in ("skip", "forward"):
+        if arm in cfg.arms:
+            with _quiet_transformers(), torch.random.fork_rng(), tempfile.TemporaryDirectory() as tmp:
+                out[arm] = _run(cfg, PAIRED[arm], Path(tmp), console)
+            _print(console, arm, out[arm])
+    if "throughput" in cfg.arms:
+        with _quiet_transformers(), torch.random.fork_rng():
+            out["throughput"] = _throughput(cfg, console)
+        _print_throughput(console, out["throughput"])
     if "memory" in cfg.arms:
         with console.status("memory arm: one update, whole logits vs chunked LM head"):
             out["memory"] = {name: _measure_in_child(cfg, budget) for name, budget in
@@ -62,57 +82,152 @@ def run_update_bench(overrides: list[str], console) -> dict:
     return out
 
 
-def _run(cfg: UpdateBenchConfig, tmp: Path, console) -> dict:
+# the paired arms: (setting, value of arm A, value of arm B); A is the default
+PAIRED = {"skip": ("optim.skip_zero_advantage", "true", "false"), "forward": ("optim.forward", "packed", "hf")}
+
+
+def _run(cfg: UpdateBenchConfig, paired: tuple[str, str, str], tmp: Path, console) -> dict:
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
 
+    key, *values = paired
     base = [f"output_dir={tmp}", f"seed={cfg.seed}", "train.checkpoint_every=0", "train.eval_every=0",
             *([f"model.threads={cfg.threads}"] if cfg.threads else []), *cfg.overrides]
     with console.status("SFT warm start"):
-        warm = Trainer(load_run_config(cfg.recipe, [*base, "name=warm", "train.steps=0"]))
-        warm.prepare()
-        warm_dir = warm.init_model_dir()
+        with Trainer(load_run_config(cfg.recipe, [*base, "name=warm", "train.steps=0"])) as warm:
+            warm.prepare()
+            warm_dir = warm.init_model_dir()
     arms = {}
-    for skip in (True, False):
-        run = load_run_config(cfg.recipe, [*base, f"name=skip_{skip}", f"model.path={warm_dir}", "sft.steps=0",
-                                           f"optim.skip_zero_advantage={str(skip).lower()}"])
-        arms[skip] = Trainer(run)
-        arms[skip].prepare()
-    rows: dict[bool, list[dict]] = {True: [], False: []}
+    for value in values:
+        arms[value] = Trainer(load_run_config(cfg.recipe, [*base, f"name=arm_{value}", f"model.path={warm_dir}",
+                                                           "sft.steps=0", f"{key}={value}"]))
+        arms[value].prepare()
+    rows: dict[str, list[dict]] = {v: [] for v in values}
     with console.status("update arms") as status:
         for step in range(cfg.steps):
-            for skip in ((True, False) if step % 2 == 0 else (False, True)):  # alternate who goes first
-                status.update(f"step {step + 1}/{cfg.steps}, skip_zero_advantage={skip}")
-                rows[skip].append(arms[skip].step())
+            for value in (values if step % 2 == 0 else values[::-1]):  # alternate who goes first
+                status.update(f"step {step + 1}/{cfg.steps}, {key}={value}")
+                rows[value].append(arms[value].step())
     for t in arms.values():
         t.close()
 
-    def mean(skip, key):
-        return sum(m[key] for m in rows[skip]) / len(rows[skip])
+    def mean(value, k):
+        return sum(m[k] for m in rows[value]) / len(rows[value])
 
-    out = {"torch_threads": torch.get_num_threads()}
-    for skip, name in ((True, "skip"), (False, "no_skip")):
-        out[name] = {k: mean(skip, k) for k in ("time/update", "time/generate", "time/score", "time/step",
-                                                 "update/skipped_rows", "groups/zero_signal", "reward/mean")}
-    out["update_time_ratio"] = out["skip"]["time/update"] / out["no_skip"]["time/update"]
-    out["step_time_ratio"] = out["skip"]["time/step"] / out["no_skip"]["time/step"]
+    a, b = values
+    out = {"setting": key, "values": values, "torch_threads": torch.get_num_threads()}
+    for value in values:
+        out[value] = {k: mean(value, k) for k in ("time/update", "time/generate", "time/score", "time/step",
+                                                   "update/skipped_rows", "groups/zero_signal", "reward/mean")}
+    out["update_time_ratio"] = out[a]["time/update"] / out[b]["time/update"]
+    out["step_time_ratio"] = out[a]["time/step"] / out[b]["time/step"]
     # the two arms train identically up to float rounding; report how far their losses drifted
-    out["max_loss_difference"] = max(abs(a["loss"] - b["loss"]) for a, b in zip(rows[True], rows[False]))
+    out["max_loss_difference"] = max(abs(x["loss"] - y["loss"]) for x, y in zip(rows[a], rows[b]))
     return out
 
 
-def _print(console, out: dict) -> None:
-    table = Table(title="policy update: skip zero-advantage rows vs run every row (side by side, alternating)")
+def _print(console, arm: str, out: dict) -> None:
+    key, (a, b) = out["setting"], out["values"]
+    table = Table(title=f"policy update: {key}={a} vs {b} (the same run side by side, alternating)")
     for col in ("arm", "update s/step", "generate s/step", "step s", "rows skipped", "zero-signal groups"):
         table.add_column(col)
-    for name in ("skip", "no_skip"):
-        a = out[name]
-        table.add_row(name, f"{a['time/update']:.3f}", f"{a['time/generate']:.3f}", f"{a['time/step']:.3f}",
-                      f"{a['update/skipped_rows']:.0%}", f"{a['groups/zero_signal']:.0%}")
+    for value in (a, b):
+        m = out[value]
+        table.add_row(f"{key}={value}", f"{m['time/update']:.3f}", f"{m['time/generate']:.3f}", f"{m['time/step']:.3f}",
+                      f"{m['update/skipped_rows']:.0%}", f"{m['groups/zero_signal']:.0%}")
     console.print(table)
-    console.print(f"update time ratio (skip / no skip): {out['update_time_ratio']:.2f}×; "
+    console.print(f"update time ratio ({a} / {b}): {out['update_time_ratio']:.2f}×; "
                   f"step time ratio: {out['step_time_ratio']:.2f}×; "
                   f"max loss difference between the arms: {out['max_loss_difference']:.2e}")
+
+
+def update_flops(model, batch) -> float:
+    """FLOPs of the useful work in one forward+backward of ``batch`` (see the module docstring)."""
+    head = model.get_output_embeddings().weight.numel()
+    total = sum(p.numel() for p in model.parameters())
+    embed = model.get_input_embeddings().weight.numel()
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    decoder = total - embed - (0 if tied else head)  # the embedding lookup is not a matmul
+    return 6.0 * (decoder * float(batch.attention_mask.sum()) + head * float(batch.completion_mask.sum()))
+
+
+def task_batch(tokenizer, rows: int = 128, group: int = 8, seed: int = 0):
+    """A TrainBatch of ``rows`` arith prompts with their worked solutions (the demo's lengths once
+    the policy solves them), advantages ±1 by alternating groups: every row carries signal."""
+    from rollwise.optim.batch import TrainBatch
+    from rollwise.tasks.arith import build
+
+    task = build(seed, 10, 1, 5, "+-")
+    seqs = []
+    for i in range(rows):
+        p = task.train.get(i // group)
+        prompt = tokenizer(p.text)["input_ids"]
+        completion = tokenizer(task.demonstrate(p), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        seqs.append((prompt, completion))
+    width = max(len(a) + len(b) for a, b in seqs)
+    ids = torch.full((rows, width), tokenizer.pad_token_id)
+    attn = torch.zeros(rows, width, dtype=torch.long)
+    completion = torch.zeros(rows, width - 1)
+    for r, (a, b) in enumerate(seqs):
+        n = len(a) + len(b)
+        ids[r, :n], attn[r, :n] = torch.tensor(a + b), 1
+        completion[r, len(a) - 1 : n - 1] = 1
+    sign = torch.where((torch.arange(rows) // group) % 2 == 0, 1.0, -1.0)[:, None]
+    return TrainBatch(input_ids=ids, attention_mask=attn, completion_mask=completion, loss_weights=completion.clone(),
+                      behavior_logprobs=-2.0 * completion, advantages=sign * completion, rewards=torch.zeros(rows),
+                      group_ids=torch.arange(rows) // group)
+
+
+def _throughput(cfg: UpdateBenchConfig, console) -> dict:
+    import time
+
+    from rollwise.bench.engine import matmul_flops
+    from rollwise.model.tiny import build_tiny
+    from rollwise.optim.objective import ObjectiveConfig
+    from rollwise.optim.update import policy_update
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    with console.status("measuring matmul FLOP/s"):
+        peak = matmul_flops()
+    out = {"matmul_flop_s": peak, "torch_threads": torch.get_num_threads(), "presets": {}}
+    for preset in cfg.presets:
+        model, tok = build_tiny(preset, seed=cfg.seed)
+        batch = task_batch(tok)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
+        flops = update_flops(model, batch)
+        times: dict[str, list[float]] = {"packed": [], "hf": []}
+        with console.status(f"throughput: {preset}") as status:
+            for rep in range(cfg.repeats):
+                for forward in (("packed", "hf") if rep % 2 == 0 else ("hf", "packed")):
+                    status.update(f"throughput: {preset}, update {rep + 1}/{cfg.repeats}, forward={forward}")
+                    start = time.perf_counter()
+                    policy_update(model, opt, batch, ObjectiveConfig(), micro_batch_size=len(batch), num_iterations=1,
+                                  max_grad_norm=1.0, max_len=96, packed=forward == "packed")
+                    times[forward].append(time.perf_counter() - start)
+        row = {"params": sum(p.numel() for p in model.parameters()), "rows": len(batch),
+               "real_tokens": int(batch.attention_mask.sum()), "padded_tokens": batch.attention_mask.numel(),
+               "scored_tokens": int(batch.completion_mask.sum()), "useful_flops": flops}
+        for forward, ts in times.items():
+            median = sorted(ts[1:])[len(ts[1:]) // 2]  # the first is a warm-up
+            row[forward] = {"seconds": median, "flop_utilization": flops / median / peak}
+        row["speedup"] = row["hf"]["seconds"] / row["packed"]["seconds"]
+        out["presets"][preset] = row
+    return out
+
+
+def _print_throughput(console, out: dict) -> None:
+    table = Table(title=f"one policy update of 128 rollouts (task lengths, all rows with signal); FLOP utilisation on "
+                        f"real tokens vs {out['matmul_flop_s'] / 1e9:.1f} GFLOP/s fp32 matmul, "
+                        f"{out['torch_threads']} thread(s)")
+    for col in ("preset", "params", "real / padded tokens", "packed s", "hf s", "packed util", "hf util", "speedup"):
+        table.add_column(col)
+    for preset, r in out["presets"].items():
+        table.add_row(preset, f"{r['params'] / 1e6:.1f} M", f"{r['real_tokens']:,} / {r['padded_tokens']:,}",
+                      f"{r['packed']['seconds']:.3f}", f"{r['hf']['seconds']:.3f}",
+                      f"{r['packed']['flop_utilization']:.1%}", f"{r['hf']['flop_utilization']:.1%}",
+                      f"{r['speedup']:.2f}×")
+    console.print(table)
 
 
 def _measure_in_child(cfg: UpdateBenchConfig, budget_mb: float | None) -> dict:

@@ -15,6 +15,7 @@ FORBIDDEN = {
     "filter": {"tasks", "train", "cli", "bench", "generate", "optim"},
     "generate": {"tasks", "filter", "train", "cli", "bench", "optim"},
     "optim": {"tasks", "filter", "train", "cli", "bench", "generate"},
+    "control": {"tasks", "filter", "train", "cli", "bench", "generate", "optim"},
     "engine": {"tasks", "filter", "train", "cli", "bench", "generate", "optim", "model", "eval"},
     "model": {"tasks", "filter", "train", "cli", "bench", "generate", "optim"},
     "tasks": {"train", "cli", "bench", "generate", "optim"},

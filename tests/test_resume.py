@@ -1,8 +1,8 @@
 """Resume, tier 3: a run cut short and resumed leaves the same run directory as the uninterrupted run.
 
 Every file is compared (tests/runfiles.py): metrics.jsonl, samples.jsonl, summary.json,
-config.yaml, init_model/, and each checkpoint's weights, optimizer, scheduler, RNG and
-strategy state — timings aside. One case loses work in-process; the other SIGKILLs a real
+config.yaml, init_model/, and each checkpoint's weights, optimizer, scheduler, RNG,
+strategy state and controller state (PromptStats included) — timings aside. One case loses work in-process; the other SIGKILLs a real
 ``rollwise train`` process after a checkpoint and resumes it with ``--resume``.
 """
 
@@ -33,6 +33,9 @@ def config(tmp_path, name, *extra):
 @pytest.mark.parametrize("extra", [
     ["optim.schedule=cosine", "optim.num_iterations=2"],
     ["rollout.strategy=april", "rollout.april.over_provision=2"],
+    ["control.method=vade"],  # controller state: Beta posteriors, the seen pool
+    ["control.method=gdro", "rollout.strategy=tree"],  # bandit weights, hardness EMAs
+    ["control.method=dynamic_sampling"],  # refills move the data cursor
 ])
 def test_resume_leaves_the_files_of_the_uninterrupted_run(tmp_path, extra):
     sets = ["train.steps=8", "train.eval_every=4", "train.checkpoint_every=3", *extra]
@@ -62,6 +65,8 @@ def test_resume_leaves_the_files_of_the_uninterrupted_run(tmp_path, extra):
     files = assert_same_run(tmp_path / "full", tmp_path / "cut")
     assert {"metrics.jsonl", "samples.jsonl", "summary.json", "config.yaml",
             "checkpoints/step_000006/model.safetensors", "checkpoints/step_000008/optimizer.pt"} <= set(files)
+    controlled = any(s.startswith("control.method=") for s in extra)
+    assert controlled == ("checkpoints/step_000008/controller.pt" in files)
 
 
 def test_the_file_comparison_sees_a_difference(tmp_path):

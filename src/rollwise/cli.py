@@ -125,8 +125,9 @@ def eval_(
 
 
 @app.command("list")
-def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives | strategies | all")] = "all"):
-    """What this install knows: tasks, rewards, objectives, rollout strategies."""
+def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives | strategies | controllers | all")] = "all"):
+    """What this install knows: tasks, rewards, objectives, rollout strategies, controllers."""
+    from rollwise.control import CONTROLLERS
     from rollwise.filter.registry import builtin_rewards
     from rollwise.generate import STRATEGIES
     from rollwise.optim.objective import PRESETS
@@ -137,6 +138,7 @@ def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives
         "rewards": {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in builtin_rewards().items()},
         "objectives": {name: ", ".join(f"{k}={v}" for k, v in preset.items()) for name, preset in PRESETS.items()},
         "strategies": STRATEGIES,
+        "controllers": CONTROLLERS,
     }
     if what != "all" and what not in tables:
         console.print(f"[red]error:[/] unknown list '{what}'; choose one of {', '.join(tables)}, all")
@@ -145,7 +147,7 @@ def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives
         if what in ("all", name):
             console.print(f"[bold]{name}[/]")
             for key, doc in rows.items():
-                console.print(f"  {key:<14} {doc}", highlight=False, soft_wrap=True)
+                console.print(f"  {key:<18} {doc}", highlight=False, soft_wrap=True)
 
 
 def _report(results: dict, json_path: Path | None) -> None:

@@ -10,6 +10,8 @@ A checkpoint directory ``checkpoints/step_000050/`` holds::
     state.json          step, data cursor, counters (human-readable)
     generator.pt        the rollout strategy's state, if it has one (APRIL's carry-over
                         buffer, TreePO's entropy window)
+    controller.pt       the controller's state and its PromptStats (``control.method`` other
+                        than ``none``)
 
 Resuming loads all four, so the run continues exactly as the uninterrupted one would.
 """
@@ -30,7 +32,7 @@ from rollwise.config import ConfigError
 
 
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state: dict, keep: int,
-                    generator_state: dict | None = None) -> Path:
+                    generator_state: dict | None = None, control_state: dict | None = None) -> Path:
     root = run_dir / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"  # written in full, then renamed: a kill never leaves half a checkpoint
@@ -46,6 +48,8 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state
     (tmp / "state.json").write_text(json.dumps(state, indent=2))
     if generator_state is not None:
         torch.save(generator_state, tmp / "generator.pt")
+    if control_state is not None:
+        torch.save(control_state, tmp / "controller.pt")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in sorted(root.glob("step_*"))[:-keep]:
@@ -135,4 +139,10 @@ def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict:
 def load_generator_state(path: Path) -> dict | None:
     """The rollout strategy's saved state (plain lists, dicts and tensors), or None."""
     file = path / "generator.pt"
+    return torch.load(file, weights_only=True) if file.exists() else None
+
+
+def load_control_state(path: Path) -> dict | None:
+    """The controller's and PromptStats' saved state (``{"controller": ..., "stats": ...}``), or None."""
+    file = path / "controller.pt"
     return torch.load(file, weights_only=True) if file.exists() else None

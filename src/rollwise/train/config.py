@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rollwise.config import StrictModel, apply_overrides, load_yaml, validate
+from rollwise.control import ControlConfig
 from rollwise.filter.sandbox.config import SandboxConfig
 from rollwise.generate import STRATEGIES
 from rollwise.generate.april import AprilConfig
@@ -91,6 +92,8 @@ class RunConfig(StrictModel):
                                    description="how model-written code runs (code tasks and code_* rewards)")
     sft: SFTConfig = Field(default_factory=SFTConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    control: ControlConfig = Field(default_factory=ControlConfig,
+                                   description="where the rollout budget goes (`rollwise list controllers`)")
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)

@@ -1,4 +1,4 @@
-"""The synchronous trainer: Generate → Filter → (Control) → Optimize, one step at a time.
+"""The synchronous trainer: Control → Generate → Filter → Control → Optimize, one step at a time.
 
 ``Trainer.step`` is the loop of DESIGN.md and reads top to bottom; everything it calls
 lives in a stage package. ``Trainer.fit(until=...)`` is the one outer loop around it (eval
@@ -22,6 +22,8 @@ import torch
 import yaml
 
 from rollwise.config import ConfigError
+from rollwise.control import PromptCursor, PromptStats, build_controller
+from rollwise.control.rounds import accept_and_refill, extend_rounds
 from rollwise.engine import make_engine
 from rollwise.engine.sampling import SamplingParams
 from rollwise.eval.accuracy import EvalResult, evaluate
@@ -35,7 +37,13 @@ from rollwise.model.packed import supports_packing
 from rollwise.optim.batch import build_batch
 from rollwise.optim.objective import assign_advantages
 from rollwise.optim.update import policy_update
-from rollwise.train.checkpoint import latest_checkpoint, load_checkpoint, load_generator_state, save_checkpoint
+from rollwise.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    load_control_state,
+    load_generator_state,
+    save_checkpoint,
+)
 from rollwise.train.config import RunConfig
 from rollwise.train.metrics import MetricsLog
 from rollwise.train.sft import sft
@@ -132,6 +140,8 @@ class Trainer:
         self.stop_ids = (self.tokenizer.eos_token_id,)
         self.sampling = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, self.stop_ids)
         self.generator = build_generator(r, self.sampling, self.decode)
+        self.stats = PromptStats()  # per-prompt running statistics the controller reads
+        self.controller = build_controller(cfg.control, r, cfg.seed, embed=self.embed_prompts)
         self.eval_prompts = [self.tokenize(p) for p in self.task.eval[: cfg.train.eval_size]]
         self.state = TrainState()
         self.ref_model = None
@@ -147,42 +157,83 @@ class Trainer:
             prompt.token_ids = encode_prompt(self.tokenizer, prompt)
         return prompt
 
+    def prompt_source(self) -> PromptCursor:
+        """The train stream at the data cursor, handing out tokenized prompts (the step writes the cursor back)."""
+        return PromptCursor(self.task.train, self.state.cursor, self.tokenize)
+
     def select_prompts(self) -> list[Prompt]:
-        n = self.generator.prompts_wanted(self.cfg.rollout.prompts_per_step)
-        prompts = [self.tokenize(self.task.train.get(self.state.cursor + i)) for i in range(n)]
-        self.state.cursor += n
+        """This step's prompts, as the controller selects them (advances the data cursor)."""
+        source = self.prompt_source()
+        prompts = self.controller.select_prompts(source, self.stats, self.prompts_wanted())
+        self.state.cursor = source.cursor
         return prompts
 
-    # -- the step ---------------------------------------------------------------------------
-    def step(self) -> dict[str, float]:
-        cfg, clock = self.cfg, Clock()
-        prompts = self.select_prompts()
-        budgets = [cfg.rollout.num_generations] * len(prompts)
-        sampled_before = self.engine.stats.decode_tokens
-        groups, metrics = self.generator.generate(self.engine, prompts, budgets, seed=self.step_seed())
-        sampled = self.engine.stats.decode_tokens - sampled_before  # every token the engine sampled, once
+    def prompts_wanted(self) -> int:
+        return self.generator.prompts_wanted(self.cfg.rollout.prompts_per_step)
+
+    def embed_prompts(self, prompts: list[Prompt]):
+        """[N, d] normalised prompt embeddings under the policy (difficulty_select's similarity)."""
+        from rollwise.control.difficulty import prompt_embeddings
+
+        return prompt_embeddings(self.model, prompts, self.tokenizer.pad_token_id)
+
+    def generate_and_score(self, prompts: list[Prompt], budgets: list[int], clock: "Clock",
+                           salt: int = 0) -> tuple[list[RolloutGroup], dict[str, float], int]:
+        """One round: generate ``budgets[i]`` rollouts of ``prompts[i]`` (prompts with 0 skipped), score them,
+        record them in ``PromptStats``; returns (groups, metrics, tokens the engine sampled)."""
+        cfg, before = self.cfg, self.engine.stats.decode_tokens
+        kept = [(p, b) for p, b in zip(prompts, budgets) if b > 0]
+        prompts, budgets = [p for p, _ in kept], [b for _, b in kept]
+        # an extra round samples with its own seed, fixed by (step seed, round)
+        seed = self.step_seed() if salt == 0 else hash((self.step_seed(), salt)) & (2**62 - 1)
+        groups, metrics = self.generator.generate(self.engine, prompts, budgets, seed=seed)
+        sampled = self.engine.stats.decode_tokens - before  # every token the engine sampled, once
         clock.lap("generate")
         metrics |= score_groups(groups, self.reward_fns)
         if cfg.objective.overlong_shaping:
             metrics |= add_overlong_penalty(groups, cfg.rollout.max_new_tokens)
+        for g in groups:
+            self.stats.observe(g, self.state.step)
         clock.lap("score")
+        return groups, metrics, sampled
+
+    # -- the step ---------------------------------------------------------------------------
+    def step(self) -> dict[str, float]:
+        cfg, clock, control, stats = self.cfg, Clock(), self.controller, self.stats
+        control.step, source = self.state.step, self.prompt_source()
+        prompts = control.select_prompts(source, stats, self.prompts_wanted())
+        budget = cfg.rollout.num_generations * len(prompts)
+        budgets = control.allocate(prompts, stats, budget)
+        groups, metrics, sampled = self.generate_and_score(prompts, budgets, clock)
+        tokens = [sampled]
+
+        def another_round(prompts, budgets, salt):  # extra rounds: extend (xrpo, dars), refill (dynamic sampling)
+            more, _, sampled = self.generate_and_score(prompts, budgets, clock, salt)
+            tokens.append(sampled)
+            return more, sampled
+
+        metrics |= extend_rounds(control, stats, groups, another_round, budget - sum(budgets))
+        groups, refill = accept_and_refill(control, stats, source, groups, another_round, len(prompts),
+                                           cfg.rollout.num_generations)
+        control.observe_step(groups, stats)
+        self.state.cursor = source.cursor
         metrics |= assign_advantages(groups, cfg.objective)
         batch = build_batch(groups, self.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
         o, r = cfg.optim, cfg.rollout
         metrics |= policy_update(
             self.model, self.optimizer, batch, cfg.objective, micro_batch_size=o.micro_batch_size,
-            num_iterations=o.num_iterations, max_grad_norm=o.max_grad_norm, max_len=r.max_new_tokens,
-            temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, ref_model=self.ref_model,
-            skip_zero_advantage=o.skip_zero_advantage, logits_budget_mb=o.logits_budget_mb, packed=self.packed,
+            num_iterations=max(o.num_iterations, control.update_epochs), max_grad_norm=o.max_grad_norm,
+            max_len=r.max_new_tokens, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+            ref_model=self.ref_model, skip_zero_advantage=o.skip_zero_advantage, logits_budget_mb=o.logits_budget_mb,
         )
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the LR this step trained with
         self.scheduler.step()  # once per training step, however many iterations the update ran
         self.engine.load_weights(self.model)  # in-process: parameters are shared, only the version moves
         clock.lap("update")
         self.state.step += 1
-        self.state.generated_tokens += sampled
-        return metrics | rollout_metrics(groups) | clock.metrics() | {
-            "tokens/generated": float(sampled), "tokens/total": self.state.generated_tokens}
+        self.state.generated_tokens += sum(tokens)
+        return metrics | refill | control.metrics() | rollout_metrics(groups) | clock.metrics() | {
+            "tokens/generated": float(sum(tokens)), "tokens/total": self.state.generated_tokens}
 
     def step_seed(self) -> int:
         return self.cfg.seed * 1_000_003 + self.state.step
@@ -207,6 +258,9 @@ class Trainer:
             self.engine.load_weights(self.model)
             self.engine.version = self.state.step  # a token's version = optimizer steps before it was sampled
             self.generator.load_state_dict(load_generator_state(ckpt) or {})
+            control = load_control_state(ckpt) or {}
+            self.controller.load_state_dict(control.get("controller", {}))
+            self.stats.load_state_dict(control.get("stats", {}))
         else:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
             # a fresh run in an existing directory starts over: nothing stale may be resumed later
@@ -251,8 +305,12 @@ class Trainer:
         return result
 
     def checkpoint(self) -> Path:
+        control = None
+        if self.cfg.control.method != "none":  # the run without control keeps its checkpoint layout
+            control = {"controller": self.controller.state_dict(), "stats": self.stats.state_dict()}
         return save_checkpoint(self.run_dir, self.state.step, self.model, self.optimizer, self.scheduler,
-                               asdict(self.state), self.cfg.train.keep_checkpoints, self.generator.state_dict() or None)
+                               asdict(self.state), self.cfg.train.keep_checkpoints, self.generator.state_dict() or None,
+                               control)
 
     def fit(self, until: Until | None = None, on_step: Callable[[int, dict], None] | None = None,
             on_eval: Callable[[int, EvalResult], None] | None = None) -> dict:
@@ -309,7 +367,7 @@ class Trainer:
             "initial_accuracy": s.initial_accuracy, "final_accuracy": s.last_accuracy, "steps": s.step,
             "wall_seconds": round(s.wall_seconds, 2), "generated_tokens": s.generated_tokens, "seed": self.cfg.seed,
             "task": self.task.name, "method": self.cfg.objective.method,
-        }
+        } | ({"control": self.cfg.control.method} if self.cfg.control.method != "none" else {})
 
 
 class Clock:

@@ -1,0 +1,100 @@
+"""Control: where the rollout budget goes, what continues, what stops (DESIGN.md, Control).
+
+A ``Controller`` (``control/base.py``) is built from ``control.method`` with its options under
+``control.<method>.*`` and called by the loop at fixed points: ``select_prompts``,
+``allocate``, ``extend``, ``should_continue``, ``accept``. ``PromptStats``
+(``control/stats.py``) keeps per-prompt running statistics; both are saved in checkpoints
+(``controller.pt``). ``control.method: none`` is the loop without control: the next prompts of
+the stream, ``num_generations`` rollouts each, every group trained.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rollwise.config import ConfigError, StrictModel
+from rollwise.control.base import Controller, PromptCursor
+from rollwise.control.dars import DarsConfig
+from rollwise.control.difficulty import DifficultyConfig
+from rollwise.control.dynamic import DynamicSamplingConfig
+from rollwise.control.gdro import GdroConfig
+from rollwise.control.stats import PromptStats
+from rollwise.control.vade import VadeConfig
+from rollwise.control.xrpo import XrpoConfig
+
+__all__ = ["CONTROLLERS", "ControlConfig", "Controller", "PromptCursor", "PromptStats", "build_controller"]
+
+CONTROLLERS = {
+    "none": "no control: the next prompts, num_generations rollouts each, every group trained",
+    "dynamic_sampling": "DAPO: drop zero-variance groups, refill with fresh prompts (cap: max_rounds)",
+    "vade": "VADE: Thompson-sample prompts from a Beta posterior by P(group not all-equal)",
+    "xrpo_alloc": "XRPO: n0 rollouts per prompt, the rest in chunks where uncertainty falls most",
+    "gdro": "GDRO: bandit over pass@k difficulty bins (prompt) and sqrt(p(1-p)) rollouts (rollout)",
+    "dars": "DARS: extra G-rollout rounds for hard prompts until G/2 correct or 4G (breadth: DARS-B)",
+    "difficulty_select": "sample prompts by estimated a(1-a), a from attention over rolled-out references",
+}
+
+
+class ControlConfig(StrictModel):
+    method: Literal[tuple(CONTROLLERS)] = Field("none", description="the controller (`rollwise list controllers`)")
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig,
+                                                    description="method=dynamic_sampling (DAPO) options")
+    vade: VadeConfig = Field(default_factory=VadeConfig, description="method=vade options")
+    xrpo_alloc: XrpoConfig = Field(default_factory=XrpoConfig, description="method=xrpo_alloc options")
+    gdro: GdroConfig = Field(default_factory=GdroConfig, description="method=gdro options")
+    dars: DarsConfig = Field(default_factory=DarsConfig, description="method=dars (DARS, DARS-B) options")
+    difficulty_select: DifficultyConfig = Field(default_factory=DifficultyConfig,
+                                                description="method=difficulty_select options")
+
+
+def check_composition(control: ControlConfig, rollout) -> None:
+    """Refuse combinations that make no sense, naming the fields and the fix."""
+    m = control.method
+    if m == "none":
+        return
+    if rollout.strategy == "april":
+        raise ConfigError(f"control.method={m} with rollout.strategy=april: APRIL carries unfinished groups across "
+                          "steps, so a step's prompts and budgets are not the controller's to choose; use "
+                          "rollout.strategy=group or tree (or control.method=none)")
+    g = rollout.num_generations
+    if m == "xrpo_alloc" and control.xrpo_alloc.initial > g:
+        n0 = control.xrpo_alloc.initial
+        raise ConfigError(f"control.xrpo_alloc.initial={n0} exceeds rollout.num_generations={g}: "
+                          "the first phase would spend more than the step's budget; lower control.xrpo_alloc.initial "
+                          "or raise rollout.num_generations")
+    if m == "gdro" and control.gdro.mode != "prompt" and control.gdro.min_rollouts > g:
+        raise ConfigError(f"control.gdro.min_rollouts={control.gdro.min_rollouts} exceeds rollout.num_generations={g}: "
+                          "the minimums alone exceed the step's budget; lower control.gdro.min_rollouts")
+    if m in ("dynamic_sampling", "xrpo_alloc", "gdro", "dars") and g < 2:
+        raise ConfigError(f"control.method={m} needs groups of at least 2 rollouts to see a spread; "
+                          "set rollout.num_generations >= 2")
+
+
+def build_controller(control: ControlConfig, rollout, seed: int, embed=None) -> Controller:
+    """The controller ``control.method`` names (``embed``: prompts -> normalised embeddings, for
+    difficulty_select)."""
+    from rollwise.control.dars import Dars
+    from rollwise.control.difficulty import DifficultySelect
+    from rollwise.control.dynamic import DynamicSampling
+    from rollwise.control.gdro import Gdro
+    from rollwise.control.vade import Vade
+    from rollwise.control.xrpo import XrpoAlloc
+
+    check_composition(control, rollout)
+    kw = {"seed": seed, "num_generations": rollout.num_generations}
+    m = control.method
+    if m == "dynamic_sampling":
+        return DynamicSampling(control.dynamic_sampling, **kw)
+    if m == "vade":
+        return Vade(control.vade, **kw)
+    if m == "xrpo_alloc":
+        return XrpoAlloc(control.xrpo_alloc, **kw)
+    if m == "gdro":
+        return Gdro(control.gdro, **kw)
+    if m == "dars":
+        return Dars(control.dars, **kw)
+    if m == "difficulty_select":
+        return DifficultySelect(control.difficulty_select, embed=embed, **kw)
+    return Controller(**kw)

@@ -1,0 +1,301 @@
+"""Control, tier 1: each method's math by hand (METHODS.md "Test" lines), budgets conserved under
+hypothesis, and the round mechanics (extend, accept + refill, their caps) on stub rounds.
+
+The loop-level checks (every controller x {group, tree} trains, resume, config errors) are in
+tests/test_control_loop.py.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rollwise.control import ControlConfig, Controller, PromptCursor, PromptStats, build_controller
+from rollwise.control.base import ROUND_CAP, equal_split, proportional_split
+from rollwise.control.dars import Dars, DarsConfig, cumulative_advantage, dars_extra
+from rollwise.control.difficulty import estimate_difficulty
+from rollwise.control.dynamic import DynamicSampling, DynamicSamplingConfig, informative
+from rollwise.control.gdro import Gdro, GdroConfig, bin_distribution, difficulty_bin, pass_at_k, sqrt_allocation
+from rollwise.control.rounds import accept_and_refill, extend_rounds, merge_group
+from rollwise.control.stats import PromptRecord
+from rollwise.control.vade import Vade, VadeConfig
+from rollwise.control.xrpo import XrpoAlloc, XrpoConfig, xrpo_allocation, xrpo_priority
+from rollwise.optim.advantages import group_advantages
+from rollwise.types import Prompt, Rollout, RolloutGroup, Tree
+
+
+def rollout(pid, reward, n_tokens=3):
+    return Rollout(prompt_id=pid, prompt_ids=[1], completion_ids=[5] * n_tokens, behavior_logprobs=[-1.0] * n_tokens,
+                   versions=[0] * n_tokens, finish_reason="stop", score=reward, reward=reward)
+
+
+def group(pid, rewards):
+    return RolloutGroup(Prompt(pid, pid), [rollout(pid, r) for r in rewards])
+
+
+class Stream:
+    """A train stream of prompts p0, p1, ... (``get`` counts its calls)."""
+
+    def __init__(self, size=None):
+        self.size, self.calls = size, 0
+
+    def get(self, i):
+        self.calls += 1
+        i = i % self.size if self.size else i
+        return Prompt(f"p{i}", f"p{i}", token_ids=[1, 2])
+
+
+# -- dynamic_sampling ----------------------------------------------------------------------------
+def test_dynamic_sampling_keeps_only_the_informative_group():
+    ds = DynamicSampling(DynamicSamplingConfig())
+    groups = [group("a", [1, 1, 1]), group("b", [0, 1, 0]), group("c", [0, 0, 0])]
+    assert [g.prompt.id for g in groups if ds.accept(g)] == ["b"]
+
+
+def test_dynamic_sampling_tolerance_not_inequality():
+    assert not informative([0.3, 0.3 + 1e-9])  # differs, but by rounding: zero variance
+    assert informative([0.3, 0.3 + 1e-3])
+    assert not informative([1.0])  # one rollout has no spread
+
+
+def test_refill_fills_the_batch_with_fresh_prompts_and_logs_the_cost():
+    ds = DynamicSampling(DynamicSamplingConfig(max_rounds=3))
+    source, stats = PromptCursor(Stream(), 3), PromptStats()
+    outcomes = {"p3": [0, 0], "p4": [1, 0], "p5": [1, 0]}  # refill 1 brings p3 (flat) and p4; refill 2 brings p5
+    calls = []
+
+    def run_round(prompts, budgets, salt):
+        calls.append(([p.id for p in prompts], budgets, salt))
+        return [group(p.id, outcomes[p.id]) for p in prompts], 10 * sum(budgets)
+
+    groups = [group("p0", [1, 1]), group("p1", [0, 1]), group("p2", [0, 0])]  # p1 informative
+    kept, m = accept_and_refill(ds, stats, source, groups, run_round, want=3, budget_per_prompt=2)
+    assert [g.prompt.id for g in kept] == ["p1", "p4", "p5"]
+    assert calls == [(["p3", "p4"], [2, 2], 1), (["p5"], [2], 2)]
+    assert m == {"control/refill_rounds": 2.0, "control/refill_tokens": 60.0, "control/dropped_groups": 3.0,
+                 "control/kept_groups": 3.0, "control/cap_hit": 0.0}
+    assert source.cursor == 6  # the stream moved past the refills
+
+
+def test_a_controller_that_rejects_everything_stops_at_the_cap():
+    """Refilling forever is impossible: accept() always False stops after max_rounds, or ROUND_CAP."""
+
+    class Never(DynamicSampling):
+        def accept(self, group):
+            return False
+
+    rounds = []
+
+    def run_round(prompts, budgets, salt):
+        rounds.append(salt)
+        return [group(p.id, [0, 1]) for p in prompts], 1
+
+    for max_rounds, expected in [(3, 3), (0, 0)]:
+        rounds.clear()
+        c = Never(DynamicSamplingConfig(max_rounds=max_rounds))
+        groups = [group("x", [0, 0])]
+        kept, m = accept_and_refill(c, PromptStats(), PromptCursor(Stream(), 0), groups, run_round, 2, 2)
+        assert len(rounds) == expected and m["control/cap_hit"] == 1.0
+        assert kept  # the step still trains on something (the last round's groups)
+    c = Never(DynamicSamplingConfig(max_rounds=3))
+    c.max_rounds = 10**6  # a controller asking for more than the loop allows
+    rounds.clear()
+    accept_and_refill(c, PromptStats(), PromptCursor(Stream(), 0), [group("x", [0, 0])], run_round, 2, 2)
+    assert len(rounds) == ROUND_CAP
+
+    class Greedy(Controller):
+        max_rounds = 10**6
+
+        def extend(self, groups, stats, remaining):
+            return [1] * len(groups)
+
+    rounds.clear()
+    m = extend_rounds(Greedy(), PromptStats(), [group("x", [0, 1])], run_round, 0)
+    assert len(rounds) == ROUND_CAP and m["control/extend_rounds"] == ROUND_CAP
+
+
+# -- xrpo_alloc ----------------------------------------------------------------------------------
+def test_xrpo_priority_by_hand():
+    assert xrpo_priority(4, 2) == pytest.approx(0.0125)  # p~ = 3/6: .25 / 20
+    assert xrpo_priority(4, 4) == pytest.approx((5 / 6) * (1 / 6) / 20)
+    assert round(xrpo_priority(4, 4), 4) == 0.0069 and xrpo_priority(4, 2) > xrpo_priority(4, 4)
+
+
+def test_xrpo_gives_the_first_chunk_to_the_uncertain_prompt():
+    assert xrpo_allocation([4, 4], [4, 2], budget=4, chunk=4, cap=32) == [0, 4]
+    # 8 more: after a chunk the mixed prompt (n=8) scores .25/72 = .0035 < .0069: the next chunk goes elsewhere
+    assert xrpo_allocation([4, 4], [4, 2], budget=8, chunk=4, cap=32) == [4, 4]
+
+
+@given(st.lists(st.tuples(st.integers(1, 12), st.integers(0, 12)), min_size=1, max_size=12),
+       st.integers(0, 200), st.integers(1, 6), st.integers(1, 8))
+def test_xrpo_allocation_spends_the_budget_exactly(groups, budget, chunk, g):
+    counts = [n for n, _ in groups]
+    successes = [min(s, n) for n, s in groups]
+    cap = 4 * g + max(counts)
+    extra = xrpo_allocation(counts, successes, budget, chunk, cap)
+    room = sum(cap - n for n in counts)
+    assert sum(extra) == min(budget, room) and all(e >= 0 for e in extra)
+    assert all(n + e <= cap for n, e in zip(counts, extra))
+
+
+@given(st.integers(1, 16), st.integers(4, 16), st.data())
+def test_xrpo_controller_spends_prompts_times_g(n_prompts, g, data):
+    """Both phases together: exactly prompts x G rollouts per step."""
+    c = XrpoAlloc(XrpoConfig(), num_generations=g)
+    prompts = [Prompt(f"p{i}", "x") for i in range(n_prompts)]
+    first = c.allocate(prompts, PromptStats(), n_prompts * g)
+    groups = [group(p.id, [data.draw(st.integers(0, 1)) for _ in range(k)]) for p, k in zip(prompts, first)]
+    extra = c.extend(groups, PromptStats(), n_prompts * g - sum(first))
+    assert sum(first) + sum(extra) == n_prompts * g
+
+
+# -- gdro ----------------------------------------------------------------------------------------
+def test_pass_at_k_and_bins():
+    assert pass_at_k(16, 1, 8) == pytest.approx(0.5)  # 1 - C(15,8)/C(16,8)
+    assert [difficulty_bin(PromptRecord(attempts=n, successes=s)) for n, s in
+            [(8, 0), (16, 1), (16, 2), (8, 8), (0, 0)]] == [0, 1, 2, 3, 4]
+
+
+def test_rollout_gdro_four_times_the_variance_gets_about_twice_the_rollouts():
+    p_hi = 0.5  # p(1-p) = .25
+    p_lo = (1 - math.sqrt(1 - 4 * 0.0625)) / 2  # p(1-p) = .0625, a quarter
+    n = sqrt_allocation([p_hi, p_lo], budget=300, minimum=2)
+    assert sum(n) == 300 and n[0] / n[1] == pytest.approx(2, rel=0.02)
+
+
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=20), st.integers(0, 300), st.integers(0, 4))
+def test_sqrt_allocation_conserves_the_budget(rates, budget, minimum):
+    n = sqrt_allocation(rates, budget, minimum)
+    assert sum(n) == budget and len(n) == len(rates)
+    if minimum * len(rates) <= budget:
+        assert min(n) >= minimum
+
+
+@given(st.lists(st.floats(0, 100), min_size=1, max_size=20), st.integers(0, 500), st.integers(0, 5))
+def test_proportional_split_conserves_the_budget(weights, budget, minimum):
+    n = proportional_split(weights, budget, minimum)
+    assert sum(n) == budget and all(x >= 0 for x in n)
+
+
+def test_prompt_gdro_upweights_the_bin_that_stays_hard():
+    c = Gdro(GdroConfig(), num_generations=4)
+    stats = PromptStats()
+    hard, easy = group("h", [0, 0, 0, 1]), group("e", [1, 1, 1, 1])
+    for step in range(1, 4):
+        stats.records["h"] = PromptRecord(attempts=16, successes=1)  # before the step: pass@8 = .5, bin (0, .5]
+        stats.records["e"] = PromptRecord(attempts=16, successes=16)  # bin {1}
+        stats.observe(hard, step), stats.observe(easy, step)  # as the loop does, before observe_step
+        c.observe_step([hard, easy], stats)
+    q = bin_distribution(np.exp(c.log_weights), 0.1)
+    assert q[1] > q[3] and q[1] > q[0]  # L = .75 for h's bin, 0 for e's; empty bins keep their weight
+    assert q.min() >= 0.1 / 5 - 1e-12  # 10% uniform
+    assert c.hardness[1] == pytest.approx(0.75 * (1 - 0.9**3)) and c.updates[1] == 3
+
+
+# -- vade ----------------------------------------------------------------------------------------
+def test_vade_picks_mixed_prompts_after_warm_up():
+    """p in {0, .5, 1}: after warm-up at least 80% of picks have p = .5."""
+    rng = np.random.default_rng(0)
+    truth = {f"p{i}": (0.0, 0.5, 1.0)[i % 3] for i in range(30)}
+    c = Vade(VadeConfig(fresh_per_step=3), num_generations=8)
+    source, stats = PromptCursor(Stream(size=30), 0), PromptStats()
+    picks = []
+    for step in range(60):
+        c.step = step
+        chosen = c.select_prompts(source, stats, 4)
+        assert len({p.id for p in chosen}) == 4
+        for p in chosen:
+            stats.observe(group(p.id, rng.binomial(1, truth[p.id], size=8).astype(float).tolist()), step)
+        if step >= 20:
+            picks += [truth[p.id] for p in chosen]
+    assert sum(p == 0.5 for p in picks) / len(picks) >= 0.8
+
+
+def test_vade_decays_the_posterior():
+    stats = PromptStats(visit_decay=0.7)
+    stats.observe(group("a", [1, 1, 0]), 0)
+    assert (stats.get("a").alpha, stats.get("a").beta) == pytest.approx((0.7 + 2, 0.7 + 1))
+    stats.decay_toward_prior(0.99)
+    assert stats.get("a").alpha == pytest.approx(1 + 0.99 * 1.7)
+
+
+# -- dars ----------------------------------------------------------------------------------------
+def test_dars_cumulative_advantage_by_hand():
+    assert cumulative_advantage(8, 0.5) == pytest.approx(7.48, abs=0.005)
+    assert cumulative_advantage(8, 0.125) == pytest.approx(4.95, abs=0.005)
+    for k in (4, 1):  # and it is what GRPO's advantages add up to
+        adv = group_advantages(torch.tensor([1.0] * k + [0.0] * (8 - k)), torch.zeros(8, dtype=torch.long))
+        assert float(adv.abs().sum()) == pytest.approx(cumulative_advantage(8, k / 8), rel=1e-4)
+
+
+def test_dars_extra_rounds_until_half_correct_or_4g():
+    g = 4
+    # easy (3/4) none; hard (1/4) a round; hard with 2 correct of 8 (= G/2) done; 16 rollouts: the cap
+    assert dars_extra([4, 4, 8, 16, 12], [3, 1, 2, 0, 1], g, 0.5, 16) == [0, 4, 0, 0, 4]
+    c = Dars(DarsConfig(), num_generations=g)
+    groups = [group("a", [0, 0, 0, 0]), group("b", [1, 1, 1, 0])]
+    rounds = []
+
+    def run_round(prompts, budgets, salt):
+        rounds.append(budgets)
+        return [group(p.id, [0] * b) for p, b in zip(prompts, budgets)], 1
+
+    m = extend_rounds(c, PromptStats(), groups, run_round, 0)
+    assert rounds == [[4], [4], [4]] and len(groups[0].rollouts) == 16 and len(groups[1].rollouts) == 4
+    assert m["control/extend_rollouts"] == 12.0
+
+
+# -- difficulty_select ---------------------------------------------------------------------------
+def test_difficulty_estimate_by_hand():
+    e_r = np.eye(3)
+    a_r = np.array([0.1, 0.5, 0.9])
+    for t in (1.0, 0.1, 0.01):
+        a = estimate_difficulty(e_r[[2]], e_r, a_r, t)
+        assert a[0] <= 0.9 + 1e-12
+    assert estimate_difficulty(e_r[[2]], e_r, a_r, 0.01)[0] == pytest.approx(0.9, abs=1e-6)  # e_q = e_r: a_r as t -> 0
+    e_q = np.random.default_rng(0).normal(size=(5, 3))
+    e_q /= np.linalg.norm(e_q, axis=1, keepdims=True)
+    assert estimate_difficulty(e_q, e_r, np.full(3, 0.3), 0.1) == pytest.approx(np.full(5, 0.3))  # equal a_r: constant
+
+
+# -- the store, the registry, merging ------------------------------------------------------------
+def test_prompt_stats_records_and_round_trips():
+    stats = PromptStats()
+    stats.register("a", 7)
+    stats.observe(RolloutGroup(Prompt("a", "a"), [rollout("a", 1.0, 4), rollout("a", 0.0, 2)]), step=3)
+    rec = stats.get("a")
+    assert (rec.index, rec.attempts, rec.successes, rec.alpha, rec.beta, rec.last_step) == (7, 2, 1, 2.0, 2.0, 3)
+    assert rec.mean_length == 3.0 and rec.group_std == 0.5
+    again = PromptStats()
+    again.load_state_dict(stats.state_dict())
+    assert again.state_dict() == stats.state_dict()
+
+
+def test_merge_group_grafts_trees_root_to_root():
+    t1, t2 = Tree(), Tree()
+    a = t1.add(0, 0)
+    t1.add(a, 2), t1.add(a, 2)
+    b = t2.add(0, 0)
+    t2.nodes[b].end = 3
+    g1 = RolloutGroup(Prompt("p", "p"), [rollout("p", 1), rollout("p", 0)], tree=t1)
+    g1.rollouts[0].node_path, g1.rollouts[1].node_path = [0, 1, 2], [0, 1, 3]
+    g2 = RolloutGroup(Prompt("p", "p"), [rollout("p", 1)], tree=t2)
+    g2.rollouts[0].node_path = [0, 1]
+    merge_group(g1, g2)
+    assert g1.tree.nodes[0].children == [1, 4] and g1.tree.nodes[4].parent == 0 and g1.tree.nodes[4].end == 3
+    assert [r.node_path for r in g1.rollouts] == [[0, 1, 2], [0, 1, 3], [0, 4]]
+    with pytest.raises(ValueError):
+        merge_group(g1, group("q", [1]))
+
+
+def test_none_is_the_plain_loop():
+    c = build_controller(ControlConfig(), type("R", (), {"num_generations": 4, "strategy": "group"})(), seed=0)
+    source = PromptCursor(Stream(), 5)
+    prompts = c.select_prompts(source, PromptStats(), 3)
+    assert [p.id for p in prompts] == ["p5", "p6", "p7"] and source.cursor == 8
+    assert c.allocate(prompts, PromptStats(), 12) == [4, 4, 4] and equal_split(10, 4) == [3, 3, 2, 2]
+    assert c.accept(group("x", [1, 1])) and c.extend([group("x", [1])], PromptStats(), 0) == [0]

@@ -1,0 +1,167 @@
+"""Control in the loop, tiers 2 and 3: ``none`` is the loop as it was, every controller trains
+with ``group`` and ``tree`` and does what it is for (a counter moved, a group was dropped, the
+budget was spent exactly), bad combinations are ConfigErrors that name the fix, and
+``rollwise list controllers`` lists them. Resume of controller state: tests/test_resume.py.
+"""
+
+import pytest
+from typer.testing import CliRunner
+
+from rollwise.config import ConfigError
+from rollwise.control import CONTROLLERS
+from rollwise.filter.rewards import score_groups
+from rollwise.optim.batch import build_batch
+from rollwise.optim.objective import assign_advantages
+from rollwise.optim.update import policy_update
+from rollwise.train.config import load_run_config
+from rollwise.train.loop import Trainer
+
+P, G = 4, 4
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """A tiny model after 150 SFT steps on 1-digit arith: its groups come back mixed."""
+    out = tmp_path_factory.mktemp("warm")
+    cfg = load_run_config(None, [f"output_dir={out}", "name=warm", "task.max_digits=1", "task.eval_size=8",
+                                 "model.threads=1", "sft.steps=150", "train.steps=0"])
+    with Trainer(cfg) as t:
+        t.prepare()
+    return out / "warm" / "init_model"
+
+
+def trainer_for(tmp_path, warm, *extra) -> Trainer:
+    sets = [f"output_dir={tmp_path}", f"model.path={warm}", "task.max_digits=1", "task.eval_size=8",
+            "model.threads=1", "train.eval_samples=0", f"rollout.prompts_per_step={P}",
+            f"rollout.num_generations={G}", "rollout.max_new_tokens=24", "optim.micro_batch_size=8",
+            "optim.lr=1e-3", "train.eval_every=0", "train.checkpoint_every=0", *extra]
+    t = Trainer(load_run_config(None, sets))
+    t.prepare()
+    return t
+
+
+def record_groups(trainer):
+    """Wrap the generator so every group it returns is kept (what the step trained on comes from these)."""
+    seen, generate = [], trainer.generator.generate
+
+    def wrapped(*args, **kwargs):
+        groups, metrics = generate(*args, **kwargs)
+        seen.append(groups)
+        return groups, metrics
+
+    trainer.generator.generate = wrapped
+    return seen
+
+
+def old_step(t: Trainer) -> dict:
+    """The step as it was before control/ existed (commit e695216), stage by stage."""
+    cfg = t.cfg
+    n = t.generator.prompts_wanted(cfg.rollout.prompts_per_step)
+    prompts = [t.tokenize(t.task.train.get(t.state.cursor + i)) for i in range(n)]
+    t.state.cursor += n
+    groups, metrics = t.generator.generate(t.engine, prompts, [cfg.rollout.num_generations] * n, seed=t.step_seed())
+    metrics |= score_groups(groups, t.reward_fns)
+    metrics |= assign_advantages(groups, cfg.objective)
+    batch = build_batch(groups, t.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
+    o, r = cfg.optim, cfg.rollout
+    metrics |= policy_update(t.model, t.optimizer, batch, cfg.objective, micro_batch_size=o.micro_batch_size,
+                             num_iterations=o.num_iterations, max_grad_norm=o.max_grad_norm, max_len=r.max_new_tokens,
+                             temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, ref_model=t.ref_model,
+                             skip_zero_advantage=o.skip_zero_advantage, logits_budget_mb=o.logits_budget_mb)
+    t.scheduler.step()
+    t.engine.load_weights(t.model)
+    t.state.step += 1
+    return metrics
+
+
+@pytest.mark.parametrize("strategy", ["group", "tree"])
+def test_none_is_the_loop_without_control(tmp_path, warm, strategy):
+    """control.method=none (the default) samples the same completions and trains the same losses as
+    the step before control/ existed."""
+    with trainer_for(tmp_path, warm, "name=old", f"rollout.strategy={strategy}") as old, \
+            trainer_for(tmp_path, warm, "name=new", f"rollout.strategy={strategy}", "control.method=none") as new:
+        old_groups, new_groups = record_groups(old), record_groups(new)
+        signal = []
+        for _ in range(2):
+            m_old, m_new = old_step(old), new.step()
+            for key in ("loss", "grad_norm", "groups/zero_signal", "advantage/abs_mean"):
+                assert m_new[key] == m_old[key], key
+            signal.append(m_old["groups/zero_signal"] < 1)
+        assert any(signal)  # the losses compared are real: some group carried a gradient
+        completions = [[[[r.completion_ids for r in g.rollouts] for g in step] for step in steps]
+                       for steps in (old_groups, new_groups)]
+        assert completions[0] == completions[1] and len(completions[0]) == 2
+        assert new.state.cursor == old.state.cursor == 2 * P
+        new.checkpoint()
+        assert not list(new.run_dir.glob("checkpoints/*/controller.pt"))  # none keeps the checkpoint layout
+
+
+def attempts(t):
+    return sum(r.attempts for r in t.stats.records.values())
+
+
+CASES = {  # method -> extra settings, and what must have happened after two steps
+    "dynamic_sampling": [],
+    "vade": [],
+    "xrpo_alloc": ["control.xrpo_alloc.initial=2", "control.xrpo_alloc.chunk=2"],
+    "gdro": [],
+    "dars": [],
+    "difficulty_select": [],
+}
+
+
+@pytest.mark.parametrize("strategy", ["group", "tree"])
+@pytest.mark.parametrize("method", list(CASES))
+def test_every_controller_trains_with_every_strategy(tmp_path, warm, method, strategy):
+    with trainer_for(tmp_path, warm, f"control.method={method}", f"rollout.strategy={strategy}",
+                     *CASES[method]) as t:
+        ms = [t.step() for _ in range(2)]
+        assert t.state.step == 2 and all(m["tokens/generated"] > 0 for m in ms)
+        spent = attempts(t)  # rollouts scored over both steps (PromptStats counts every one)
+        if method in ("vade", "gdro", "difficulty_select"):
+            assert spent == 2 * P * G  # selectors and allocators spend exactly the budget
+        if method == "xrpo_alloc":
+            assert spent == 2 * P * G and all(m["control/extend_rollouts"] == P * (G - 2) for m in ms)
+            assert all(m["control/rollouts_max"] <= 4 * G for m in ms)
+        if method == "gdro":
+            assert all(m["control/bin_weight/unseen"] > 0 for m in ms) and t.controller.updates.sum() > 0
+        if method == "vade":
+            assert ms[1]["control/pool"] > P and len(t.stats) >= 2 * P
+        if method == "difficulty_select":
+            assert "control/estimated_pass_rate" in ms[1] and len(t.controller.reference) == 2 * P
+        if method == "dars":
+            assert all("control/extend_rounds" in m for m in ms)
+            assert spent == 2 * P * G + sum(m["control/extend_rollouts"] for m in ms)
+            assert sum(m["control/extend_rollouts"] for m in ms) > 0  # some prompt was hard
+        if method == "dynamic_sampling":
+            dropped = sum(m["control/dropped_groups"] for m in ms)
+            assert dropped > 0  # some group came back flat and was dropped
+            generated_groups = sum(m["control/dropped_groups"] + m["control/kept_groups"] for m in ms)
+            assert spent == G * generated_groups and generated_groups > 2 * P  # refills were rolled out
+            for m in ms:  # trained on informative groups only, unless the cap was hit
+                assert m["groups/zero_signal"] == 0 or m["control/cap_hit"] == 1
+
+
+def test_bad_combinations_are_config_errors(tmp_path):
+    def cfg(*sets):
+        return load_run_config(None, [f"output_dir={tmp_path}", "model.threads=1", *sets])
+
+    with pytest.raises(ConfigError, match=r"control.method=vade with rollout.strategy=april.*rollout.strategy=group"):
+        Trainer(cfg("control.method=vade", "rollout.strategy=april"))
+    with pytest.raises(ConfigError, match=r"control.xrpo_alloc.initial=6 exceeds rollout.num_generations=4"):
+        Trainer(cfg("control.method=xrpo_alloc", "control.xrpo_alloc.initial=6", "rollout.num_generations=4"))
+    with pytest.raises(ConfigError, match=r"control.gdro.min_rollouts"):
+        Trainer(cfg("control.method=gdro", "control.gdro.min_rollouts=5", "rollout.num_generations=4"))
+    with pytest.raises(ConfigError, match=r"'control.vade.visit_decayy'; did you mean 'control.vade.visit_decay'"):
+        cfg("control.vade.visit_decayy=0.5")
+    with pytest.raises(ConfigError, match=r"control.method"):
+        cfg("control.method=vadee")
+
+
+def test_list_controllers():
+    from rollwise.cli import app
+
+    result = CliRunner().invoke(app, ["list", "controllers"])
+    assert result.exit_code == 0, result.output
+    for name in CONTROLLERS:
+        assert name in result.output

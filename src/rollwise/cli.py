@@ -183,6 +183,15 @@ def bench_update(json_path: JsonOpt = None, set_: SetOpt = None):
     _report(run_update_bench(overrides=set_ or [], console=console), json_path)
 
 
+@bench_app.command("control")
+@friendly_errors
+def bench_control(json_path: JsonOpt = None, set_: SetOpt = None):
+    """Controllers vs the group baseline at an equal generated-token budget: accuracy, tokens to the baseline's accuracy."""
+    from rollwise.bench.control import run_control_bench
+
+    _report(run_control_bench(overrides=set_ or [], console=console, json_path=json_path), json_path)
+
+
 @bench_app.command("sandbox")
 @friendly_errors
 def bench_sandbox(json_path: JsonOpt = None, set_: SetOpt = None):

@@ -394,6 +394,7 @@ def rollout_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if len(rollouts) > 1 else 0.0,
         "train/pass_rate": sum(g.pass_rate for g in groups) / len(groups),
+        "groups/trained": float(len(groups)),
         "length/mean": sum(lengths) / len(lengths),
         "length/max": float(max(lengths)),
         "length/truncated": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),

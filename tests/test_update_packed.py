@@ -97,3 +97,17 @@ def test_forward_choice(tiny):
     assert packed_forward("auto", gpt2) is False
     with pytest.raises(ConfigError, match="optim.forward=packed.*gpt2.*optim.forward=auto or hf"):
         packed_forward("packed", gpt2)
+
+
+@pytest.mark.parametrize("choice", ["auto", "hf"])
+def test_the_trainer_updates_with_the_chosen_forward(tmp_path, monkeypatch, choice):
+    from test_loop import trainer_for
+
+    calls = []
+    original = packed_module.PackedForward.logprobs
+    monkeypatch.setattr(packed_module.PackedForward, "logprobs",
+                        lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    with trainer_for(tmp_path, "sft.steps=0", "optim.skip_zero_advantage=false", f"optim.forward={choice}") as t:
+        assert t.packed is (choice == "auto")
+        t.step()
+    assert bool(calls) is (choice == "auto")  # the packed forward ran in the trainer's update, or never

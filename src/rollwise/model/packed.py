@@ -4,11 +4,13 @@ The policy update used to run the HF module on a right-padded ``[B, T]`` batch: 
 padded to the longest one (30% of the demo's update was padding) and HF's per-call machinery
 (mask building, cache objects, repeated dtype casts) on top. This forward instead:
 
-- **packs** the rows into bins of ``capacity`` tokens (first-fit decreasing: a bin holds
-  several short sequences end to end), each sequence keeping its own positions (RoPE restarts
-  at 0) and attending only to itself through a block-diagonal causal mask — the "padding-free"
-  packing of TRL's ``padding_free`` / verl's ``use_remove_padding``, with a dense mask where
-  they use varlen flash-attention (CPU has none);
+- runs every per-token op (norms, projections, RoPE, MLP) on the flat stream of real tokens:
+  no padding is computed at all — the "padding-free" path of TRL's ``padding_free`` / verl's
+  ``use_remove_padding``;
+- for attention only, **packs** the sequences into bins of ``capacity`` tokens (first-fit
+  decreasing: a bin holds several short sequences end to end), each keeping its own positions
+  (RoPE restarts at 0) and attending only to itself through a block-diagonal causal mask — a
+  dense mask where GPU frameworks use varlen flash-attention (CPU has none);
 - runs the arithmetic of the engine's own Llama implementation (``rollwise.engine.llama``,
   the same parameter references: no copies, gradients reach the HF module's parameters) with
   q/k/v fused into one matrix multiply, and RoPE on q and k as one complex
@@ -118,37 +120,47 @@ class PackedForward:
         self.llama = LlamaForward(model)
 
     def hidden(self, input_ids: torch.Tensor, packing: Packing) -> torch.Tensor:
-        """Final-norm hidden states [bins·capacity, D] of the real tokens of ``input_ids [B, T]``."""
+        """Final-norm hidden states ``[N, D]`` of the ``N`` real tokens of ``input_ids [B, T]``,
+        in row-major order (row 0's tokens, then row 1's, ...).
+
+        Every per-token op — norms, projections, RoPE, the MLP — runs on the flat stream of real
+        tokens, so no padding is computed at all; only attention, which must see each sequence
+        whole, scatters q/k/v into the bins of ``packing`` and gathers its output back.
+        """
         f = self.llama
         f.refresh()  # parameter references, in case a load replaced the tensors
         f.ensure_rope(packing.capacity)
         nb, C = packing.bins, packing.capacity
         H, Hkv, G, hd = f.n_heads, f.n_kv_heads, f.groups, f.head_dim
-        ids = input_ids.new_zeros(nb * C)
-        ids[packing.dest] = input_ids[packing.rows, packing.cols]
-        x = F.embedding(ids.view(nb, C), f.embed)  # [nb, C, D]
-        half = hd // 2
-        cis = torch.complex(f._cos[:, :half], f._sin[:, half:])[packing.positions][:, :, None]  # [nb, C, 1, hd/2]
+        n, half = len(packing.dest), hd // 2
+        x = F.embedding(input_ids[packing.rows, packing.cols], f.embed)  # [N, D]
+        cis = torch.complex(f._cos[:, :half], f._sin[:, half:])[packing.cols][:, None]  # [N, 1, hd/2]
         pairs = _rope_pairs(H + Hkv, hd, qkv_rows=(H + 2 * Hkv) * hd, device=x.device)
         masks = {w: packing.attention_bias(w, G, f.dtype) for w in f.windows}
+
+        def to_bins(t: torch.Tensor, heads: int) -> torch.Tensor:  # [N, heads·hd] -> [nb, heads, C, hd]
+            slots = t.new_zeros(nb * C, heads * hd).index_copy(0, packing.dest, t)
+            return slots.view(nb, C, heads, hd).transpose(1, 2)
+
         for layer in f.layers:
             h = _rms(x, layer.norm_in, layer.eps)
             weight, bias = _fused(layer.q, layer.k, layer.v)
-            qkv = F.linear(h, weight[pairs], None if bias is None else bias[pairs])  # [nb, C, (H + 2 Hkv) hd]
+            qkv = F.linear(h, weight[pairs], None if bias is None else bias[pairs])  # [N, (H + 2 Hkv) hd]
             # RoPE on q and k at once, as one complex multiply: their rows were reordered so that
             # features i and i + hd/2 of a head (the pair HF's rotate_half mixes) sit side by side
-            qk = torch.view_as_complex(qkv[..., : (H + Hkv) * hd].view(nb, C, H + Hkv, half, 2)) * cis
-            qk = torch.view_as_real(qk).view(nb, C, H + Hkv, hd).transpose(1, 2)  # [nb, H + Hkv, C, hd]
+            qk = torch.view_as_complex(qkv[:, : (H + Hkv) * hd].reshape(n, H + Hkv, half, 2)) * cis
+            qk = to_bins(torch.view_as_real(qk).view(n, (H + Hkv) * hd), H + Hkv)  # [nb, H + Hkv, C, hd]
             q, k = qk[:, :H], qk[:, H:]  # the same reordering in q and k: q·k is unchanged
-            v = qkv[..., (H + Hkv) * hd :].view(nb, C, Hkv, hd).transpose(1, 2)  # [nb, Hkv, C, hd]
+            v = to_bins(qkv[:, (H + Hkv) * hd :], Hkv)  # [nb, Hkv, C, hd]
             o = F.scaled_dot_product_attention(q.reshape(nb, Hkv, G * C, hd), k, v, attn_mask=masks[layer.window],
                                                scale=layer.scale)  # [nb, Hkv, G*C, hd]
-            x = x + F.linear(o.view(nb, H, C, hd).transpose(1, 2).reshape(nb, C, H * hd), *layer.o)
+            o = o.view(nb, H, C, hd).transpose(1, 2).reshape(nb * C, H * hd).index_select(0, packing.dest)
+            x = x + F.linear(o, *layer.o)  # [N, D]
             h = _rms(x, layer.norm_post, layer.eps)
             # gate and up as two products: halves of one fused product are strided views, and the
             # elementwise ops on them (forward and backward) cost more than the second matmul saves
             x = x + F.linear(layer.act(F.linear(h, *layer.gate)) * F.linear(h, *layer.up), *layer.down)
-        return _rms(x, *f.norm).view(nb * C, -1)
+        return _rms(x, *f.norm)
 
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor, *,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, with_entropy: bool = True,
@@ -162,9 +174,10 @@ class PackedForward:
         """
         B, T = input_ids.shape
         packing = Packing.build(attention_mask, capacity)
-        hidden = self.hidden(input_ids, packing)
+        hidden = self.hidden(input_ids, packing)  # [N, D], row-major
+        first = attention_mask.sum(-1).cumsum(0) - attention_mask.sum(-1)  # [B] each row's first token in it
         r, t = (scored != 0).nonzero(as_tuple=True)  # the positions to score, [S] each
-        h = hidden[packing.starts[r] + t]  # [S, D]: the state after token t predicts token t+1
+        h = hidden[first[r] + t]  # [S, D]: the state after token t predicts token t+1
         targets = input_ids[r, t + 1][:, None]  # [S, 1]
         head = self.llama.lm_head
         sampling = (temperature, top_k, top_p, with_entropy)

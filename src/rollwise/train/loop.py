@@ -139,9 +139,10 @@ class Trainer:
         r = cfg.rollout
         self.stop_ids = (self.tokenizer.eos_token_id,)
         self.sampling = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, self.stop_ids)
-        self.generator = build_generator(r, self.sampling, self.decode)
         self.stats = PromptStats()  # per-prompt running statistics the controller reads
         self.controller = build_controller(cfg.control, r, cfg.seed, embed=self.embed_prompts)
+        pruner = self.controller if self.controller.prunes else None  # arrol prunes inside generation
+        self.generator = build_generator(r, self.sampling, self.decode, pruner=pruner)
         self.eval_prompts = [self.tokenize(p) for p in self.task.eval[: cfg.train.eval_size]]
         self.state = TrainState()
         self.ref_model = None
@@ -225,6 +226,7 @@ class Trainer:
             num_iterations=max(o.num_iterations, control.update_epochs), max_grad_norm=o.max_grad_norm,
             max_len=r.max_new_tokens, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
             ref_model=self.ref_model, skip_zero_advantage=o.skip_zero_advantage, logits_budget_mb=o.logits_budget_mb,
+            packed=self.packed,
         )
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the LR this step trained with
         self.scheduler.step()  # once per training step, however many iterations the update ran
@@ -395,6 +397,7 @@ def rollout_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
         "reward/std": float(rewards.std()) if len(rollouts) > 1 else 0.0,
         "train/pass_rate": sum(g.pass_rate for g in groups) / len(groups),
         "groups/trained": float(len(groups)),
+        "rollouts/trained": float(len(rollouts)),
         "length/mean": sum(lengths) / len(lengths),
         "length/max": float(max(lengths)),
         "length/truncated": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),

@@ -107,12 +107,17 @@ CASES = {  # method -> extra settings, and what must have happened after two ste
     "gdro": [],
     "dars": [],
     "difficulty_select": [],
+    "arrol": ["control.arrol.min_examples=16"],
 }
 
 
 @pytest.mark.parametrize("strategy", ["group", "tree"])
 @pytest.mark.parametrize("method", list(CASES))
 def test_every_controller_trains_with_every_strategy(tmp_path, warm, method, strategy):
+    if (method, strategy) == ("arrol", "tree"):  # arrol over-provisions independent samples: refused, with the fix
+        with pytest.raises(ConfigError, match="rollout.strategy=group"):
+            trainer_for(tmp_path, warm, f"control.method={method}", f"rollout.strategy={strategy}")
+        return
     with trainer_for(tmp_path, warm, f"control.method={method}", f"rollout.strategy={strategy}",
                      *CASES[method]) as t:
         ms = [t.step() for _ in range(2)]
@@ -133,6 +138,9 @@ def test_every_controller_trains_with_every_strategy(tmp_path, warm, method, str
             assert all("control/extend_rounds" in m for m in ms)
             assert spent == 2 * P * G + sum(m["control/extend_rollouts"] for m in ms)
             assert sum(m["control/extend_rollouts"] for m in ms) > 0  # some prompt was hard
+        if method == "arrol":  # the probe was fit on every scored rollout of both steps
+            assert ms[1]["control/probe_examples"] == 2 * P * G and t.controller.w is not None
+            assert spent == 2 * P * G or ms[1]["arrol/pruning"] == 1
         if method == "dynamic_sampling":
             dropped = sum(m["control/dropped_groups"] for m in ms)
             assert dropped > 0  # some group came back flat and was dropped

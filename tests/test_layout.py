@@ -13,7 +13,7 @@ ROOT = Path(rollwise.__file__).parent
 # package -> rollwise packages/modules it must never import
 FORBIDDEN = {
     "filter": {"tasks", "train", "cli", "bench", "generate", "optim"},
-    "generate": {"tasks", "filter", "train", "cli", "bench", "optim"},
+    "generate": {"tasks", "filter", "train", "cli", "bench", "optim", "control"},
     "optim": {"tasks", "filter", "train", "cli", "bench", "generate"},
     "control": {"tasks", "filter", "train", "cli", "bench", "generate", "optim"},
     "engine": {"tasks", "filter", "train", "cli", "bench", "generate", "optim", "model", "eval"},

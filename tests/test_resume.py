@@ -36,6 +36,7 @@ def config(tmp_path, name, *extra):
     ["control.method=vade"],  # controller state: Beta posteriors, the seen pool
     ["control.method=gdro", "rollout.strategy=tree"],  # bandit weights, hardness EMAs
     ["control.method=dynamic_sampling"],  # refills move the data cursor
+    ["control.method=arrol", "control.arrol.min_examples=16"],  # the probe's buffer and weights
 ])
 def test_resume_leaves_the_files_of_the_uninterrupted_run(tmp_path, extra):
     sets = ["train.steps=8", "train.eval_every=4", "train.checkpoint_every=3", *extra]

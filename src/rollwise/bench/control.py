@@ -135,7 +135,9 @@ def _arms(cfg: ControlBenchConfig, task: str, warm: Path, tmp: Path, console) ->
 
                     def on_step(step, metrics, arm=arm, seed=seed, trainer=trainer):
                         steps.append({k: v for k, v in metrics.items()
-                                      if k.startswith("control/") or k in ("groups/zero_signal", "groups/trained")})
+                                      if k.startswith(("control/", "arrol/"))
+                                      or k in ("groups/zero_signal", "groups/trained", "rollouts/trained",
+                                               "tokens/generated")})
                         status.update(f"{task}: {arm}, seed {seed}, step {step}, "
                                       f"{trainer.state.generated_tokens:,}/{tokens:,} tokens")
 
@@ -161,6 +163,12 @@ def zero_signal_share(step_metrics: list[dict]) -> float:
     return zero / max(sum(m["groups/trained"] for m in step_metrics), 1)
 
 
+def tokens_per_trained_rollout(step_metrics: list[dict]) -> float:
+    """Tokens the engine sampled (every round, pruned rollouts included) per rollout the update trained on."""
+    return sum(m.get("tokens/generated", 0.0) for m in step_metrics) / max(
+        sum(m.get("rollouts/trained", 0.0) for m in step_metrics), 1)
+
+
 def summarize(runs: dict[str, list[dict]], arms: list[str]) -> dict[str, dict]:
     """Per arm: accuracy mean/spread, tokens-to-baseline ratio, zero-signal share, wall, controller metrics."""
     base = {r["seed"]: r for r in runs.get("none", [])}
@@ -177,7 +185,7 @@ def summarize(runs: dict[str, list[dict]], arms: list[str]) -> dict[str, dict]:
             mine, theirs = tokens_to_reach(r["curve"], target), tokens_to_reach(b["curve"], target)
             if mine is not None and theirs:
                 ratios.append(mine / theirs)
-        keys = sorted({k for r in rs for m in r["step_metrics"] for k in m if k.startswith("control/")})
+        keys = sorted({k for r in rs for m in r["step_metrics"] for k in m if k.startswith(("control/", "arrol/"))})
         control = {k: statistics.mean(m[k] for r in rs for m in r["step_metrics"] if k in m) for k in keys}
         table[arm] = {
             "accuracy_mean": statistics.mean(acc), "accuracy_spread": max(acc) - min(acc), "accuracies": acc,
@@ -186,6 +194,7 @@ def summarize(runs: dict[str, list[dict]], arms: list[str]) -> dict[str, dict]:
             "zero_signal_share": statistics.mean(zero_signal_share(r["step_metrics"]) for r in rs),
             "wall_seconds": statistics.mean(r["wall_seconds"] for r in rs),
             "steps": statistics.mean(r["steps"] for r in rs), "control": control,
+            "tokens_per_trained_rollout": statistics.mean(tokens_per_trained_rollout(r["step_metrics"]) for r in rs),
         }
     return table
 
@@ -195,12 +204,14 @@ def _print(console, cfg: ControlBenchConfig, task: str, table: dict) -> None:
     tokens = cfg.tokens if task == "arith" else cfg.countdown_tokens
     t = Table(title=f"{task}: GRPO at {tokens:,} generated tokens per run, {len(cfg.seeds)} seeds, greedy accuracy "
                     f"on {cfg.eval_size} held-out prompts (warm start {first['initial_accuracy']:.1%})")
-    for col in ("arm", "accuracy", "± (half range)", "tokens to baseline's final", "zero-signal groups", "steps", "wall s"):
+    for col in ("arm", "accuracy", "± (half range)", "tokens to baseline's final", "zero-signal groups",
+                "tokens/trained rollout", "steps", "wall s"):
         t.add_column(col, justify="left" if col == "arm" else "right")
     for arm, row in table.items():
         ratio = "—" if row["tokens_ratio"] is None else f"{row['tokens_ratio']:.2f}x ({row['reached']}/{row['seeds']})"
         t.add_row(arm, f"{row['accuracy_mean']:.1%}", f"{row['accuracy_spread'] / 2:.1%}", ratio,
-                  f"{row['zero_signal_share']:.1%}", f"{row['steps']:.0f}", f"{row['wall_seconds']:.0f}")
+                  f"{row['zero_signal_share']:.1%}", f"{row['tokens_per_trained_rollout']:.1f}", f"{row['steps']:.0f}",
+                  f"{row['wall_seconds']:.0f}")
     console.print(t)
     for arm, row in table.items():
         if row["control"]:

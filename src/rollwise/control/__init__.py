@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field
 
 from rollwise.config import ConfigError, StrictModel
+from rollwise.control.arrol import ArrolConfig
 from rollwise.control.base import Controller, PromptCursor
 from rollwise.control.dars import DarsConfig
 from rollwise.control.difficulty import DifficultyConfig
@@ -34,6 +35,7 @@ CONTROLLERS = {
     "gdro": "GDRO: bandit over pass@k difficulty bins (prompt) and sqrt(p(1-p)) rollouts (rollout)",
     "dars": "DARS: extra G-rollout rounds for hard prompts until G/2 correct or 4G (breadth: DARS-B)",
     "difficulty_select": "sample prompts by estimated a(1-a), a from attention over rolled-out references",
+    "arrol": "ARRoL: start 2G, prune to G at a segment by a probe on hidden states (balanced survivors)",
 }
 
 
@@ -47,6 +49,7 @@ class ControlConfig(StrictModel):
     dars: DarsConfig = Field(default_factory=DarsConfig, description="method=dars (DARS, DARS-B) options")
     difficulty_select: DifficultyConfig = Field(default_factory=DifficultyConfig,
                                                 description="method=difficulty_select options")
+    arrol: ArrolConfig = Field(default_factory=ArrolConfig, description="method=arrol options")
 
 
 def check_composition(control: ControlConfig, rollout) -> None:
@@ -58,6 +61,12 @@ def check_composition(control: ControlConfig, rollout) -> None:
         raise ConfigError(f"control.method={m} with rollout.strategy=april: APRIL carries unfinished groups across "
                           "steps, so a step's prompts and budgets are not the controller's to choose; use "
                           "rollout.strategy=group or tree (or control.method=none)")
+    if m == "arrol" and rollout.strategy != "group":
+        raise ConfigError(f"control.method=arrol with rollout.strategy={rollout.strategy}: arrol over-provisions and "
+                          "prunes independent samples; set rollout.strategy=group")
+    if m == "arrol" and rollout.engine == "v1":
+        raise ConfigError("control.method=arrol prunes inside generation and needs the slot engine; set "
+                          "rollout.engine=slots or auto (Llama/Qwen2/Mistral models)")
     g = rollout.num_generations
     if m == "xrpo_alloc" and control.xrpo_alloc.initial > g:
         n0 = control.xrpo_alloc.initial
@@ -75,6 +84,7 @@ def check_composition(control: ControlConfig, rollout) -> None:
 def build_controller(control: ControlConfig, rollout, seed: int, embed=None) -> Controller:
     """The controller ``control.method`` names (``embed``: prompts -> normalised embeddings, for
     difficulty_select)."""
+    from rollwise.control.arrol import Arrol
     from rollwise.control.dars import Dars
     from rollwise.control.difficulty import DifficultySelect
     from rollwise.control.dynamic import DynamicSampling
@@ -97,4 +107,6 @@ def build_controller(control: ControlConfig, rollout, seed: int, embed=None) -> 
         return Dars(control.dars, **kw)
     if m == "difficulty_select":
         return DifficultySelect(control.difficulty_select, embed=embed, **kw)
+    if m == "arrol":
+        return Arrol(control.arrol, **kw)
     return Controller(**kw)

@@ -75,6 +75,7 @@ class Controller:
     name = "none"
     max_rounds = 0  # extra rounds (extend + refill) this controller may run per step
     refills = False  # accept() may drop groups, and the loop refills them with fresh prompts
+    prunes = False  # prunes inside generation: the trainer samples with generate/pruned.py, this as its pruner
 
     def __init__(self, seed: int = 0, num_generations: int = 8) -> None:
         self.seed = seed

@@ -44,6 +44,7 @@ class Completion:
     versions: list[int]
     finish_reason: str  # "stop" | "length"
     forced: list[int] = field(default_factory=list)  # positions of tokens placed by fork, not sampled
+    hidden: object = None  # torch.Tensor [D]: final hidden state behind the last token (slot engine, keep_hidden)
 
 
 @dataclass

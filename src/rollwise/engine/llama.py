@@ -139,6 +139,7 @@ class LlamaForward:
     """Prefill and decode for a Llama / Qwen2 / Mistral HF module over a ``SlotKV``."""
 
     def __init__(self, model):
+        self.capture_hidden, self.hidden = False, None  # set by the engine when a row keeps its hidden state
         check_supported(model)
         self.model = model
         config = model.config
@@ -200,7 +201,10 @@ class LlamaForward:
         return F.linear(layer.act(F.linear(h, *layer.gate)) * F.linear(h, *layer.up), *layer.down)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(_rms(x, *self.norm), *self.lm_head)
+        h = _rms(x, *self.norm)
+        if self.capture_hidden:  # what a quality probe reads: the normed state the LM head sees [rows, D]
+            self.hidden = h
+        return F.linear(h, *self.lm_head)
 
     def decode(self, kv: SlotKV, tokens: torch.Tensor, pos: torch.Tensor, buckets: list[tuple[int, int, int]]
                ) -> torch.Tensor:

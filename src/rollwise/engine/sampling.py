@@ -19,6 +19,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     top_candidates: int = 0  # keep the k most likely tokens of the latest position (branching strategies)
+    keep_hidden: bool = False  # keep the final hidden state behind the latest token (slot engine; quality probes)
 
     @property
     def is_plain(self) -> bool:

@@ -138,7 +138,7 @@ class SlotEngine(EngineLoop):
     def peek(self, handle: int) -> SequenceView:
         """The tokens so far of a queued or running sequence (and its latest top candidates)."""
         seq = self._get(handle)
-        return SequenceView(seq.tokens, seq.logprobs, seq.versions, seq.candidates)
+        return SequenceView(seq.tokens, seq.logprobs, seq.versions, seq.candidates, seq.hidden)
 
     @torch.no_grad()
     def fork(self, handle: int, n: int, params: list[SamplingParams] | None = None,
@@ -240,6 +240,13 @@ class SlotEngine(EngineLoop):
             ))
         self._free(freed)
         return states
+
+    def abort(self, handles: list[int]) -> None:
+        """End these sequences for good (online pruning): slots freed, no completion, nothing to resume.
+        ``stats.aborted_tokens`` counts what they had sampled."""
+        states = self.pause(handles)
+        self.stats.aborted += len(states)
+        self.stats.aborted_tokens += sum(len(st.token_ids) for st in states)
 
     def resume(self, states: list[PartialState]) -> list[int]:
         """Queue paused sequences to continue where they stopped; return their new handles."""
@@ -386,10 +393,12 @@ class SlotEngine(EngineLoop):
     # -- model and sampling ---------------------------------------------------------------
     def _run_model(self, n_decode: int, leaders: list[Sequence], followers: list[tuple[Sequence, int]]) -> torch.Tensor:
         """Decode rows ``[0, n_decode)``, prefill the leaders; return next-token logits for every row [n, V]."""
-        parts = []
+        parts, hidden = [], []
+        self.forward.capture_hidden = any(s.params.keep_hidden for s in self._rows)
         if n_decode:
             buckets = self._buckets(n_decode)
             parts.append(self.forward.decode(self._kv, self._pending[:n_decode], self._pos[:n_decode], buckets))
+            hidden.append(self.forward.hidden)
             self._pos[:n_decode] += 1
             self._lens[:n_decode] = [n + 1 for n in self._lens[:n_decode]]
             self.stats.forward_calls += 1
@@ -407,6 +416,7 @@ class SlotEngine(EngineLoop):
                 width = lens[a]
                 ids = torch.tensor([s + [self.pad_token_id] * (width - len(s)) for s in seqs[a:b]], device=self.device)
                 logits.append(self.forward.prefill(self._kv, ids, lens[a:b], n_decode + a))
+                hidden.append(self.forward.hidden)
             logits = torch.cat(logits) if len(logits) > 1 else logits[0]
             self.stats.forward_calls += len(chunks)
             self.stats.prefill_tokens += sum(lens)
@@ -415,8 +425,12 @@ class SlotEngine(EngineLoop):
                 src = [n_decode + i for _, i in followers]
                 self._kv.copy_rows(src, [f.row for f, _ in followers], max(lens[i] for _, i in followers))
                 self.stats.prefix_tokens_shared += sum(lens[i] for _, i in followers)
-                logits = logits[torch.tensor(list(range(len(leaders))) + [i for _, i in followers], device=self.device)]
+                pick = torch.tensor(list(range(len(leaders))) + [i for _, i in followers], device=self.device)
+                logits = logits[pick]
+                if self.forward.capture_hidden:
+                    hidden[-len(chunks):] = [torch.cat(hidden[-len(chunks):])[pick]]
             parts.append(logits)
+        self._hidden = torch.cat(hidden) if self.forward.capture_hidden else None  # [n, D], rows as the logits
         return (torch.cat(parts) if len(parts) > 1 else parts[0]).float()
 
     # -- length buckets for decode attention (engine/buckets.py) ------------------------------
@@ -465,6 +479,10 @@ class SlotEngine(EngineLoop):
         self._pending[:n] = tokens
         token_list, logprob_list = torch.stack((tokens.double(), chosen.double())).tolist()
         self._record_candidates(rows, logprobs)
+        if self._hidden is not None:
+            for seq, h in zip(rows, self._hidden):
+                if seq.params.keep_hidden:
+                    seq.hidden = h.float().clone()
         self.stats.decode_tokens += n
         self.stats.padded_decode_slots += n
         self.stats.rows_per_step.append(n)
@@ -486,7 +504,8 @@ class SlotEngine(EngineLoop):
     @staticmethod
     def _completion(seq: Sequence, reason: str) -> Completion:
         return Completion(handle=seq.handle, prompt_ids=list(seq.prompt_ids), token_ids=seq.tokens,
-                          logprobs=seq.logprobs, versions=seq.versions, finish_reason=reason, forced=seq.forced)
+                          logprobs=seq.logprobs, versions=seq.versions, finish_reason=reason, forced=seq.forced,
+                          hidden=seq.hidden)
 
     def _record_candidates(self, rows: list[Sequence], logprobs: torch.Tensor) -> None:
         """Keep each asking row's ``top_candidates`` most likely tokens of this position (one more sync)."""

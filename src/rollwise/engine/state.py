@@ -50,6 +50,8 @@ class SlotEngineStats(EngineStats):
     reprefill_tokens: int = 0  # of prefill_tokens: prefixes computed again (resume; fork with no sibling left)
     restored_tokens: int = 0  # cached positions resume copied back from pause(keep_cache=True) instead of computing
     row_sorts: int = 0  # times the running rows were reordered by length (decode attention buckets)
+    aborted: int = 0  # sequences ended by abort() (online pruning): no completion, tokens dropped
+    aborted_tokens: int = 0  # tokens those sequences had sampled (in decode_tokens, in no completion)
     steps: int = 0  # step() calls that ran the model
     slots: int = 0  # max concurrent sequences
     # occupancy over time: sequences sampled at each step (the most recent 100k steps)
@@ -63,7 +65,7 @@ class SlotEngineStats(EngineStats):
     def as_dict(self) -> dict[str, float]:
         d = super().as_dict()
         d.update(prefix_tokens_shared=self.prefix_tokens_shared, reprefill_tokens=self.reprefill_tokens,
-                 restored_tokens=self.restored_tokens,
+                 restored_tokens=self.restored_tokens, aborted=self.aborted, aborted_tokens=self.aborted_tokens,
                  steps=self.steps, slot_occupancy=self.slot_occupancy)
         return d
 
@@ -89,6 +91,7 @@ class SequenceView:
     logprobs: list[float]
     versions: list[int]
     candidates: list[tuple[int, float]] | None  # (id, logprob) best first, if params.top_candidates
+    hidden: torch.Tensor | None = None  # [D] final hidden state behind the latest token, if params.keep_hidden
 
 
 @dataclass(eq=False)
@@ -105,6 +108,7 @@ class Sequence:
     versions: list[int] = field(default_factory=list)
     forced: list[int] = field(default_factory=list)  # positions of tokens placed by fork, not sampled
     candidates: list[tuple[int, float]] | None = None  # top tokens (id, logprob) of the latest position
+    hidden: torch.Tensor | None = None  # [D] final hidden state behind the latest token (params.keep_hidden)
     family: ForkFamily | None = None
     recompute: bool = False  # its ids were computed before (resumed, or a running parent's child)
     parked: list[torch.Tensor] | None = None  # resumed with its cache: copied in on admission, not computed

@@ -19,12 +19,21 @@ STRATEGIES = {
 }
 
 
-def build_generator(rollout, params, decode) -> Generator:
-    """The generator ``rollout.strategy`` names, configured from ``rollout`` (a ``RolloutConfig``)."""
+def build_generator(rollout, params, decode, pruner=None) -> Generator:
+    """The generator ``rollout.strategy`` names, configured from ``rollout`` (a ``RolloutConfig``).
+
+    ``pruner`` (a controller that prunes inside generation, e.g. ``arrol``) turns independent
+    sampling into ``PrunedSampler``: over-provisioned samples, pruned at a segment boundary."""
     from rollwise.generate.april import AprilSampler
     from rollwise.generate.group import GroupSampler
     from rollwise.generate.latr import LatrSampler
+    from rollwise.generate.pruned import PrunedSampler
     from rollwise.generate.tree import TreeSampler
+
+    if pruner is not None:
+        sampler = PrunedSampler(params, decode, pruner, pruner.over_provision, pruner.segment_len)
+        pruner.features = sampler.features
+        return sampler
 
     if rollout.strategy == "tree":
         return TreeSampler(params, decode, rollout.tree)

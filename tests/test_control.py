@@ -275,6 +275,13 @@ def test_prompt_stats_records_and_round_trips():
     assert again.state_dict() == stats.state_dict()
 
 
+def test_prompt_stats_stay_bounded():
+    stats = PromptStats(capacity=8)
+    for i in range(30):
+        stats.observe(group(f"p{i}", [1, 0]), step=i)
+    assert len(stats) <= 10 and "p29" in stats and "p0" not in stats
+
+
 def test_merge_group_grafts_trees_root_to_root():
     t1, t2 = Tree(), Tree()
     a = t1.add(0, 0)

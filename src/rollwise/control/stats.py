@@ -12,7 +12,8 @@ One entry per prompt id that has been drawn (``register``) or rolled out (``obse
     mean_length running mean completion length, in tokens
     group_std   population std of the rewards of the prompt's latest group
 
-The store is plain numbers in a dict, so ``state_dict()`` goes into a checkpoint as it is
+A long run on an endless prompt stream keeps at most 1.25 × ``capacity`` prompts (the least
+recently seen are forgotten first). The store is plain numbers in a dict, so ``state_dict()`` goes into a checkpoint as it is
 (``controller.pt``) and ``load_state_dict`` restores it: a resumed run sees the same numbers.
 """
 
@@ -44,9 +45,10 @@ class PromptRecord:
 class PromptStats:
     """Per-prompt running statistics (see the module docstring), keyed by ``Prompt.id``."""
 
-    def __init__(self, visit_decay: float = 1.0) -> None:
+    def __init__(self, visit_decay: float = 1.0, capacity: int = 65_536) -> None:
         self.records: dict[str, PromptRecord] = {}
         self.visit_decay = visit_decay  # (alpha, beta) are multiplied by this before each observation
+        self.capacity = capacity  # past 1.25x this many prompts, the least recently seen are forgotten
 
     def __contains__(self, prompt_id: str) -> bool:
         return prompt_id in self.records
@@ -82,6 +84,8 @@ class PromptStats:
         rewards = group.rewards
         mean = sum(rewards) / n
         rec.group_std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / n)
+        if len(self.records) > 1.25 * self.capacity:  # a long run on an endless stream stays bounded
+            self.forget(self.capacity)
 
     def decay_toward_prior(self, rate: float) -> None:
         """(alpha, beta) <- 1 + rate * ((alpha, beta) - 1) for every prompt (VADE's per-step decay)."""

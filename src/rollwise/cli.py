@@ -183,6 +183,15 @@ def bench_update(json_path: JsonOpt = None, set_: SetOpt = None):
     _report(run_update_bench(overrides=set_ or [], console=console), json_path)
 
 
+@bench_app.command("trl")
+@friendly_errors
+def bench_trl(json_path: JsonOpt = None, set_: SetOpt = None):
+    """rollwise vs TRL's GRPOTrainer: same warm start, data, reward and settings; s/step split, time to target accuracy."""
+    from rollwise.bench.trl import run_trl_bench
+
+    _report(run_trl_bench(overrides=set_ or [], console=console), json_path)
+
+
 @bench_app.command("control")
 @friendly_errors
 def bench_control(json_path: JsonOpt = None, set_: SetOpt = None):

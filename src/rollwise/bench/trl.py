@@ -1,0 +1,589 @@
+"""``rollwise bench trl``: rollwise vs TRL's ``GRPOTrainer``, same model, data, reward and settings.
+
+Per seed: one SFT warm start (a rollwise run with ``sft.steps`` and ``train.steps=0``; its
+``init_model`` directory is a Hugging Face model dir), then two arms start from it —
+rollwise (``Trainer.fit``) and TRL (``GRPOTrainer.train`` on CPU, ``use_cpu=True, bf16=False``)
+— with the hyperparameters of ``settings_mapping`` and the same training prompts in the same
+order (TRL's dataset is the rollwise task's train stream, ``shuffle_dataset=False``), scored by
+the same reward function object (the task's TRL-convention ``fn(prompts, completions,
+completion_ids, **columns)``).
+
+**Lockstep.** Both arms run in one process, each in its own thread, but never at the same
+time: a conductor hands a baton to one arm for one training step, then to the other, and who
+goes first alternates every step (and between seeds), so a change in the machine's load hits
+both alike. Each arm keeps its own global RNG state across the hand-overs (TRL samples with
+the global torch generator; rollwise's engine has per-request generators). One torch thread
+(``threads``) for both.
+
+**One evaluator.** Greedy accuracy (plain HF ``model.generate``, ``do_sample=False``, left-padded
+batches) on the task's held-out prompts, judged by the task's reward, run on each arm's live
+model every ``eval_every`` steps, outside the timed span. rollwise's own evaluator (its engine)
+also runs at the start and the end, as a cross-check of the common one.
+
+**What is timed** (``time.perf_counter``, per training step):
+
+- ``loop``: wall time from the moment an arm gets the baton to the end of its step (the eval
+  excluded): everything its loop does per step, logging and data loading included. Time to
+  target and s/step are sums and means of this.
+- rollwise ``generate`` / ``score`` / ``update``: its own ``time/*`` metrics (engine sampling and
+  decoding; the reward functions; advantages, batch building, forward/backward, optimizer step,
+  engine weight sync).
+- TRL ``generate``: time inside ``GRPOTrainer._generate`` (prompt tokenization, HF ``generate``,
+  decoding, length metrics); ``score``: inside ``_calculate_rewards``; ``update``: the HF step
+  (``on_step_begin`` → ``on_step_end``) minus those two — padding, advantages, the loss
+  forward/backward, clipping, optimizer and scheduler steps.
+- ``other`` = ``loop`` − generate − score − update (rollwise: prompt selection, rollout metrics,
+  metrics.jsonl; TRL: the dataloader fetch, logging, callbacks).
+
+**Workloads.** ``short``: the demo's ``arith`` (1–5 digits, ~35-token completions,
+``max_new_tokens`` 96). ``long``: the same kind of problems (``long_min_digits``..``long_max_digits``
+digits) with the column-by-column working written out in words (``long_working``), ~200–330-token
+completions, ``max_new_tokens`` 384, run through rollwise as a ``file`` task (JSONL written to
+the bench's temporary directory, ``demo_field`` for SFT, the built-in ``arith`` reward).
+
+Needs the ``compare`` extra (``pip install 'rollwise[compare]'``: TRL).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+from rich.table import Table
+
+from rollwise.bench.engine import _quiet_transformers
+from rollwise.config import ConfigError, StrictModel, apply_overrides, validate
+from rollwise.types import Prompt, is_correct
+
+ARMS = ("rollwise", "trl")
+PHASES = ("generate", "score", "update", "other")
+
+
+class TRLBenchConfig(StrictModel):
+    """Settings of ``rollwise bench trl`` (override with ``--set key=value``); both arms get the same."""
+
+    workload: Literal["short", "long"] = Field("short", description="short: arith (~35 tokens); long: arith with "
+                                               "the working in words (~200-330 tokens)")
+    seeds: list[int] = Field([0, 1, 2], min_length=1, description="one warm start and one run per arm for each seed")
+    steps: int = Field(60, ge=1, description="RL steps per arm and seed")
+    eval_every: int = Field(10, ge=1, description="common greedy eval every N steps (and at step 0)")
+    eval_size: int = Field(200, ge=1, description="held-out prompts in every eval")
+    target: float | None = Field(None, gt=0, le=1, description="accuracy for time-to-target; null = the best "
+                                 "accuracy every arm reached in every seed")
+    preset: str = Field("tiny", description="model preset of the warm start (rollwise model.preset)")
+    sft_steps: int = Field(500, ge=1, description="SFT warm-start steps (rollwise sft.steps)")
+    sft_batch_size: int = Field(64, ge=1, description="SFT demonstrations per step")
+    num_generations: int = Field(8, ge=2, description="rollouts per prompt (G)")
+    prompts_per_step: int = Field(16, ge=1, description="prompts per training step")
+    micro_batch_size: int = Field(128, ge=1, description="rollouts per forward/backward (TRL "
+                                  "per_device_train_batch_size); must divide G x prompts_per_step")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    max_new_tokens: int | None = Field(None, ge=1, description="completion limit; null = 96 (short) or 384 (long)")
+    lr: float = Field(3e-5, gt=0, description="AdamW learning rate (constant, no warmup)")
+    long_min_digits: int = Field(4, ge=1, le=12, description="long workload: fewest digits per operand")
+    long_max_digits: int = Field(5, ge=1, le=12, description="long workload: most digits per operand")
+    long_train_rows: int = Field(20_000, ge=100, description="long workload: rows in the generated train file")
+    threads: int = Field(1, ge=1, description="torch threads, both arms")
+    trl_gradient_checkpointing: bool = Field(False, description="TRL's activation recomputation (TRL's own default "
+                                             "is on; rollwise does not recompute, so off for equal work)")
+    arms: list[Literal["rollwise", "trl"]] = Field(list(ARMS), min_length=1, description="which arms to run")
+
+
+def settings_mapping(cfg: TRLBenchConfig) -> list[tuple[str, str, str]]:
+    """(setting, rollwise key = value, TRL GRPOConfig field = value) for the docs and the JSON."""
+    g, p, mb = cfg.num_generations, cfg.prompts_per_step, cfg.micro_batch_size
+    return [
+        ("rollouts per prompt", f"rollout.num_generations={g}", f"num_generations={g}"),
+        ("prompts per step", f"rollout.prompts_per_step={p}",
+         f"generation_batch_size = per_device_train_batch_size x gradient_accumulation_steps = {g * p}"),
+        ("rollouts per forward/backward", f"optim.micro_batch_size={mb}",
+         f"per_device_train_batch_size={mb}, gradient_accumulation_steps={g * p // mb}"),
+        ("sampling", f"rollout.temperature={cfg.temperature}, top_p=1, top_k=0",
+         f"temperature={cfg.temperature}, top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0"),
+        ("completion limit", f"rollout.max_new_tokens={max_new_tokens(cfg)}",
+         f"max_completion_length={max_new_tokens(cfg)}"),
+        ("objective", "objective.method=grpo (scale_rewards=group, loss_agg=seq_mean_token_mean)",
+         "loss_type=grpo, scale_rewards=group"),
+        ("clip", "objective.epsilon=0.2 (epsilon_high = epsilon)", "epsilon=0.2, epsilon_high=None"),
+        ("KL", "objective.beta=0 (no reference model)", "beta=0.0 (no reference model)"),
+        ("IS correction", "objective.tis_mode=none", "none (only with vLLM)"),
+        ("passes per batch", "optim.num_iterations=1", "num_iterations=1, steps_per_generation=gradient_accumulation_steps"),
+        ("optimizer", f"AdamW lr={cfg.lr}, betas=(0.9, 0.99), eps=1e-8, weight_decay=0",
+         f"optim=adamw_torch, learning_rate={cfg.lr}, adam_beta1=0.9, adam_beta2=0.99, adam_epsilon=1e-8, weight_decay=0"),
+        ("schedule", "optim.schedule=constant, warmup_steps=0", "lr_scheduler_type=constant, warmup_steps=0"),
+        ("grad clip", "optim.max_grad_norm=1.0", "max_grad_norm=1.0"),
+        ("truncated completions", "objective.mask_truncated_completions=false", "mask_truncated_completions=False"),
+        ("data order", "the task's train stream from its cursor", "the same prompts as a Dataset, shuffle_dataset=False"),
+        ("activation checkpointing", "none (the LM head is chunked only past optim.logits_budget_mb: never at this vocabulary)",
+         f"activation_checkpointing (was gradient_checkpointing)={cfg.trl_gradient_checkpointing} (TRL's default: True)"),
+        ("device, precision", f"CPU, float32, model.threads={cfg.threads}", f"use_cpu=True, bf16=False, float32, torch threads={cfg.threads}"),
+    ]
+
+
+def max_new_tokens(cfg: TRLBenchConfig) -> int:
+    return cfg.max_new_tokens or (96 if cfg.workload == "short" else 384)
+
+
+def run_trl_bench(overrides: list[str], console) -> dict:
+    cfg = validate(TRLBenchConfig, apply_overrides({}, list(overrides)))
+    if cfg.workload == "long" and cfg.long_min_digits > cfg.long_max_digits:
+        raise ConfigError("long_min_digits must be <= long_max_digits")
+    if (cfg.num_generations * cfg.prompts_per_step) % cfg.micro_batch_size:
+        raise ConfigError(f"micro_batch_size ({cfg.micro_batch_size}) must divide num_generations x prompts_per_step "
+                          f"({cfg.num_generations * cfg.prompts_per_step})")
+    if "trl" in cfg.arms:
+        try:
+            import trl  # noqa: F401
+        except ImportError:
+            raise ConfigError("bench trl needs TRL: pip install 'rollwise[compare]'") from None
+    torch.set_num_threads(cfg.threads)
+    out = {"settings": cfg.model_dump(), "mapping": settings_mapping(cfg), "torch_threads": cfg.threads, "seeds": {}}
+    with _quiet_transformers(), torch.random.fork_rng(), tempfile.TemporaryDirectory() as tmp:
+        for i, seed in enumerate(cfg.seeds):
+            order = cfg.arms if i % 2 == 0 else cfg.arms[::-1]  # who goes first alternates between seeds too
+            out["seeds"][seed] = run_seed(cfg, seed, list(order), Path(tmp), console)
+    out["summary"] = summarize(cfg, out["seeds"])
+    print_results(console, cfg, out)
+    return out
+
+
+# -- the workloads ---------------------------------------------------------------------------------
+
+_COLUMN = re.compile(r"^(\d)([+-])(\d)[+-](\d)=(\d)(\d)$")
+
+
+def long_working(a: int, op: str, b: int) -> str:
+    """The ``arith`` working of ``a op b`` written out in words (the long workload's completions).
+
+    >>> long_working(47, "+", 8)
+    ' column 1: 7 plus 8 plus carry 0 is 15, write 5 carry 1. column 2: 4 plus 0 plus carry 1 is 05, write 5 carry 0. the answer is #55'
+    """
+    from rollwise.tasks.arith import solve
+
+    words = []
+    for i, token in enumerate(t for t in solve(a, op, b).split() if t != "neg" and not t.startswith("#")):
+        x, sign, y, c, hi, lo = _COLUMN.match(token).groups()
+        if sign == "+":
+            words.append(f"column {i + 1}: {x} plus {y} plus carry {c} is {hi}{lo}, write {lo} carry {hi}.")
+        else:
+            words.append(f"column {i + 1}: {x} minus {y} minus borrow {c} is {lo}, borrow {hi}.")
+    answer = a + b if op == "+" else a - b
+    negative = "negative, so take the larger minus the smaller. " if op == "-" and a < b else ""
+    return f" {negative}{' '.join(words)} the answer is #{answer}"
+
+
+def task_overrides(cfg: TRLBenchConfig, seed: int, tmp: Path) -> list[str]:
+    """The rollwise ``task.*`` overrides of the workload (writing the long workload's JSONL files)."""
+    if cfg.workload == "short":
+        return ["task.name=arith", "task.min_digits=1", "task.max_digits=5", f"task.eval_size={cfg.eval_size}"]
+    from rollwise.tasks.arith import build
+
+    lo, hi = cfg.long_min_digits, cfg.long_max_digits
+    task = build(seed, cfg.eval_size, lo, hi, "+-")
+    train = [task.train.get(i) for i in range(cfg.long_train_rows)]
+    paths = {}
+    for split, prompts in (("train", train), ("eval", task.eval)):
+        paths[split] = tmp / f"long-{seed}-{split}.jsonl"
+        with paths[split].open("w") as f:
+            for p in prompts:
+                c = p.columns
+                f.write(json.dumps({"prompt": p.text, "answer": p.answer,
+                                    "demo": long_working(c["a"], c["op"], c["b"])}) + "\n")
+    return ["task.name=file", f"task.path={paths['train']}", f"task.eval_path={paths['eval']}",
+            "task.demo_field=demo", "task.reward=arith", f"task.eval_size={cfg.eval_size}"]
+
+
+def rollwise_overrides(cfg: TRLBenchConfig, seed: int, tmp: Path) -> list[str]:
+    return [
+        f"output_dir={tmp}", f"seed={seed}", f"model.preset={cfg.preset}", f"model.threads={cfg.threads}",
+        *task_overrides(cfg, seed, tmp),
+        f"sft.steps={cfg.sft_steps}", f"sft.batch_size={cfg.sft_batch_size}",
+        f"rollout.num_generations={cfg.num_generations}", f"rollout.prompts_per_step={cfg.prompts_per_step}",
+        f"rollout.temperature={cfg.temperature}", "rollout.top_p=1.0", "rollout.top_k=0",
+        f"rollout.max_new_tokens={max_new_tokens(cfg)}",
+        "objective.method=grpo", "objective.beta=0", "objective.tis_mode=none", "objective.epsilon=0.2",
+        "objective.mask_truncated_completions=false",
+        f"optim.lr={cfg.lr}", f"optim.micro_batch_size={cfg.micro_batch_size}", "optim.num_iterations=1",
+        "optim.betas=[0.9,0.99]", "optim.weight_decay=0", "optim.max_grad_norm=1.0", "optim.warmup_steps=0",
+        "optim.schedule=constant",
+        "train.eval_every=0", "train.checkpoint_every=0", "train.eval_samples=0", f"train.eval_size={cfg.eval_size}",
+        "train.log_samples=0",
+    ]
+
+
+# -- one seed: warm start, both arms in lockstep ---------------------------------------------------
+
+def run_seed(cfg: TRLBenchConfig, seed: int, order: list[str], tmp: Path, console) -> dict:
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+
+    base = rollwise_overrides(cfg, seed, tmp)
+    with console.status(f"seed {seed}: SFT warm start ({cfg.sft_steps} steps)"):
+        with Trainer(load_run_config(None, [*base, f"name=warm-{seed}", "train.steps=0"])) as warm:
+            warm.prepare()
+            warm_dir = warm.init_model_dir()
+            task = warm.task
+    evaluator = Evaluator(task.eval[: cfg.eval_size], next(iter(task.rewards.values())), max_new_tokens(cfg))
+    builders = {"rollwise": lambda: RollwiseArm(load_run_config(None, [
+                    *base, f"name=rollwise-{seed}", f"model.path={warm_dir}", "sft.steps=0", f"train.steps={cfg.steps}"])),
+                "trl": lambda: TRLArm(cfg, seed, warm_dir, task, tmp / f"trl-{seed}")}
+    arms = {name: builders[name]() for name in order}
+    with console.status(f"seed {seed}: eval at step 0"):
+        for arm in arms.values():
+            arm.evals.append(evaluator.record(arm.model, arm.tokenizer, 0, 0.0))
+    lockstep = Lockstep(arms, cfg.eval_every, evaluator)
+    with console.status(f"seed {seed}") as status:
+        lockstep.run(cfg.steps, order, on_step=lambda step: status.update(
+            f"seed {seed}: step {step}/{cfg.steps} " + " ".join(
+                f"{n} {a.evals[-1]['accuracy']:.1%}" for n, a in arms.items())))
+    return {name: arm.result() for name, arm in arms.items()}
+
+
+class Evaluator:
+    """Greedy accuracy of a model on fixed prompts: plain HF ``generate``, judged by the task's reward."""
+
+    def __init__(self, prompts: list[Prompt], judge: Callable, max_new_tokens: int, batch_size: int = 64):
+        self.prompts, self.judge, self.max_new_tokens, self.batch_size = prompts, judge, max_new_tokens, batch_size
+
+    @torch.no_grad()
+    def accuracy(self, model, tokenizer) -> tuple[float, float]:
+        from transformers import GenerationConfig
+
+        gen = GenerationConfig(do_sample=False, max_new_tokens=self.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                               pad_token_id=tokenizer.pad_token_id)
+        was_training = model.training
+        model.eval()
+        completions, lengths = [], []
+        for start in range(0, len(self.prompts), self.batch_size):
+            texts = [p.text for p in self.prompts[start : start + self.batch_size]]
+            batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left")
+            out = model.generate(**batch, generation_config=gen)[:, batch["input_ids"].shape[1] :]
+            for row in out.tolist():
+                ids = row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row
+                lengths.append(len(ids))
+                completions.append(tokenizer.decode(ids, skip_special_tokens=True))
+        model.train(was_training)
+        cols = [p.reward_columns() for p in self.prompts]
+        columns = {k: [c.get(k) for c in cols] for k in sorted({k for c in cols for k in c})}
+        scores = self.judge(prompts=[p.text for p in self.prompts], completions=completions, completion_ids=None, **columns)
+        return sum(is_correct(float(s)) for s in scores) / len(scores), sum(lengths) / len(lengths)
+
+    def record(self, model, tokenizer, step: int, seconds: float) -> dict:
+        acc, length = self.accuracy(model, tokenizer)
+        return {"step": step, "accuracy": acc, "mean_length": length, "train_seconds": seconds}
+
+
+class Lockstep:
+    """Runs the arms' training loops one step at a time, strictly alternating, in threads.
+
+    An arm's loop calls ``arm.step_done(record)`` at the end of each step; that records the
+    step's loop time, evaluates when due (untimed), then parks the thread until the conductor
+    hands it the baton again.
+    """
+
+    def __init__(self, arms: dict, eval_every: int, evaluator: Evaluator):
+        self.arms = arms
+        for arm in arms.values():
+            arm.attach(eval_every, evaluator)
+
+    def run(self, steps: int, order: list[str], on_step: Callable[[int], None]) -> None:
+        try:
+            for step in range(1, steps + 1):
+                for name in (order if step % 2 else order[::-1]):  # alternate who goes first
+                    self.arms[name].advance()
+                on_step(step)
+            for arm in self.arms.values():  # let each loop finish (its final eval, summary) alone
+                arm.advance(final=True)
+        finally:
+            for arm in self.arms.values():
+                arm.stop()
+
+
+class Arm:
+    """A training loop in a thread that runs only while it holds the baton."""
+
+    name = "arm"
+
+    def __init__(self, steps: int) -> None:
+        self.last_step = steps
+        self.model = self.tokenizer = None  # set by the subclass: what the evaluator runs
+        self.go, self.parked = threading.Semaphore(0), threading.Semaphore(0)
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.aborted = False
+        self.rng = _rng_state()
+        self.records: list[dict] = []
+        self.evals: list[dict] = []
+        self.started_at = 0.0
+
+    def attach(self, eval_every: int, evaluator: Evaluator) -> None:
+        self.eval_every, self.evaluator = eval_every, evaluator
+
+    def loop(self) -> None:  # the framework's training loop, calling self.step_done after each step
+        raise NotImplementedError
+
+    def _body(self) -> None:
+        self.go.acquire()
+        try:
+            if not self.aborted:
+                _set_rng_state(self.rng)
+                self.started_at = time.perf_counter()
+                self.loop()
+        except BaseException as err:  # handed to the conductor, raised there
+            self.error = err
+        finally:
+            self.parked.release()
+
+    def advance(self, final: bool = False) -> None:
+        """Give this arm the baton: run one step (or, ``final``, the rest of its loop); wait for it."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._body, name=f"bench-{self.name}", daemon=True)
+            self.thread.start()
+        self.go.release()
+        self.parked.acquire()
+        if final and self.thread is not None:
+            self.thread.join()
+        if self.error is not None and not isinstance(self.error, _Aborted):
+            raise self.error
+
+    def mark_start(self) -> None:
+        """The step clock starts now (after the framework's own setup and initial eval)."""
+        self.started_at = time.perf_counter()
+
+    def step_done(self, record: dict) -> None:
+        record["began"] = self.started_at
+        record["loop"] = time.perf_counter() - self.started_at
+        record["other"] = record["loop"] - record["generate"] - record["score"] - record["update"]
+        self.records.append(record)
+        step = len(self.records)
+        if step % self.eval_every == 0 or step == self.last_step:
+            self.evals.append(self.evaluator.record(self.model, self.tokenizer, step, sum(r["loop"] for r in self.records)))
+        self.rng = _rng_state()
+        self.parked.release()
+        self.go.acquire()
+        if self.aborted:
+            raise _Aborted()
+        _set_rng_state(self.rng)
+        self.started_at = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            self.aborted = True
+            self.go.release()
+            self.thread.join(timeout=60)
+
+    def result(self) -> dict:
+        return {"steps": self.records, "evals": self.evals}
+
+
+class _Aborted(Exception):
+    """Unwinds an arm's loop when the conductor stops early."""
+
+
+def _rng_state() -> tuple:
+    return torch.get_rng_state(), random.getstate(), np.random.get_state()
+
+
+def _set_rng_state(state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    random.setstate(state[1])
+    np.random.set_state(state[2])
+
+
+# -- the two arms ----------------------------------------------------------------------------------
+
+class RollwiseArm(Arm):
+    """rollwise through its public API: ``Trainer(cfg)``, ``prepare()``, ``fit(Until(steps=N))``."""
+
+    name = "rollwise"
+
+    def __init__(self, run_cfg) -> None:
+        from rollwise.train.loop import Trainer
+
+        super().__init__(run_cfg.train.steps)
+        self.trainer = Trainer(run_cfg)
+        self.trainer.prepare()
+        self.model, self.tokenizer = self.trainer.model, self.trainer.tokenizer
+        self.own_evals: list[dict] = []
+        self.rng = _rng_state()
+
+    def loop(self) -> None:
+        from rollwise.train.loop import Until
+
+        def on_eval(step: int, result) -> None:
+            self.own_evals.append({"step": step, "accuracy": result.accuracy})
+            if step == 0:
+                self.mark_start()  # the step clock starts after rollwise's own initial eval
+
+        def on_step(step: int, m: dict) -> None:
+            self.step_done({"generate": m["time/generate"], "score": m["time/score"], "update": m["time/update"],
+                            "step": m["time/step"], "reward": m["reward/mean"], "length": m["length/mean"]})
+
+        with self.trainer:
+            self.trainer.fit(Until(steps=self.last_step), on_step=on_step, on_eval=on_eval)
+
+    def result(self) -> dict:
+        return super().result() | {"own_evals": self.own_evals}
+
+
+class TRLArm(Arm):
+    """TRL's ``GRPOTrainer`` on the warm start, timed by wrapping two of its methods and a callback."""
+
+    name = "trl"
+
+    def __init__(self, cfg: TRLBenchConfig, seed: int, warm_dir: Path, task, out_dir: Path) -> None:
+        from datasets import Dataset
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+        from trl import GRPOTrainer
+
+        super().__init__(cfg.steps)
+        self.tokenizer = AutoTokenizer.from_pretrained(warm_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(warm_dir, dtype=torch.float32)
+        # rollwise's train stream, in order: step k sees the prompts rollwise's step k sees
+        prompts = [task.train.get(i) for i in range(cfg.steps * cfg.prompts_per_step)]
+        dataset = Dataset.from_list([{"prompt": p.text, **p.reward_columns()} for p in prompts])
+        self.trainer = GRPOTrainer(model=self.model, reward_funcs=[next(iter(task.rewards.values()))],
+                                   args=trl_config(cfg, seed, out_dir), train_dataset=dataset,
+                                   processing_class=self.tokenizer, callbacks=[_trl_clock(self)])
+        for cb in (PrinterCallback, ProgressCallback):
+            self.trainer.remove_callback(cb)
+        self.phase = {"generate": 0.0, "score": 0.0}
+        self.trainer._generate = self._timed("generate", self.trainer._generate)
+        self.trainer._calculate_rewards = self._timed("score", self.trainer._calculate_rewards)
+        self.step_start = 0.0
+        self.rng = _rng_state()
+
+    def _timed(self, phase: str, fn: Callable) -> Callable:
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.phase[phase] += time.perf_counter() - start
+        return wrapper
+
+    def loop(self) -> None:
+        self.trainer.train()
+
+    def step_began(self) -> None:
+        self.phase = {"generate": 0.0, "score": 0.0}
+        self.step_start = time.perf_counter()
+
+    def step_ended(self) -> None:
+        step = time.perf_counter() - self.step_start
+        m = self.trainer._metrics["train"]
+        self.step_done({**self.phase, "update": step - sum(self.phase.values()), "step": step,
+                        "reward": m["reward"][-1], "length": m["completions/mean_length"][-1]})
+
+
+def trl_config(cfg: TRLBenchConfig, seed: int, out_dir: Path):
+    """TRL's ``GRPOConfig`` with the settings of ``settings_mapping``."""
+    from trl import GRPOConfig
+
+    g, p, mb = cfg.num_generations, cfg.prompts_per_step, cfg.micro_batch_size
+    return GRPOConfig(
+        output_dir=str(out_dir), use_cpu=True, bf16=False, fp16=False, seed=seed, data_seed=seed,
+        max_steps=cfg.steps, per_device_train_batch_size=mb, gradient_accumulation_steps=g * p // mb,
+        num_generations=g, max_completion_length=max_new_tokens(cfg), temperature=cfg.temperature,
+        top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,
+        learning_rate=cfg.lr, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
+        adam_beta1=0.9, adam_beta2=0.99, adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0,
+        beta=0.0, epsilon=0.2, loss_type="grpo", scale_rewards="group", num_iterations=1,
+        importance_sampling_level="token", mask_truncated_completions=False, shuffle_dataset=False,
+        logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+        remove_unused_columns=False, log_completions=False, activation_checkpointing=cfg.trl_gradient_checkpointing,
+    )
+
+
+def _trl_clock(arm: TRLArm):
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            arm.mark_start()  # after the trainer's own setup (optimizer, dataloader)
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            arm.step_began()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            arm.step_ended()
+
+    return Clock()
+
+
+# -- results ---------------------------------------------------------------------------------------
+
+def summarize(cfg: TRLBenchConfig, seeds: dict) -> dict:
+    """Per arm: mean s/step and its split, accuracy at each eval step, time to target; the ratios."""
+    names = [a for a in ARMS if a in cfg.arms]
+    best = [e["accuracy"] for runs in seeds.values() for name in names
+            for e in [max(runs[name]["evals"], key=lambda e: e["accuracy"])]]
+    target = cfg.target if cfg.target is not None else min(best)
+    out: dict = {"target": target, "target_rule": "set" if cfg.target is not None else "min over seeds and arms of the best accuracy"}
+    for name in names:
+        runs = [seeds[s][name] for s in seeds]
+        steps = [r for run in runs for r in run["steps"]]
+        arm = {k: sum(r[k] for r in steps) / len(steps) for k in ("loop", *PHASES, "step", "length")}
+        arm["accuracy_at"] = {e["step"]: _mean([next(x["accuracy"] for x in run["evals"] if x["step"] == e["step"])
+                                                for run in runs]) for e in runs[0]["evals"]}
+        hits = [next((e for e in run["evals"] if e["accuracy"] >= target), None) for run in runs]
+        arm["to_target_seconds"] = [h["train_seconds"] if h else None for h in hits]
+        arm["to_target_steps"] = [h["step"] if h else None for h in hits]
+        arm["per_seed_loop"] = [_mean([r["loop"] for r in run["steps"]]) for run in runs]
+        out[name] = arm
+    if set(names) == set(ARMS):
+        r, t = out["rollwise"], out["trl"]
+        out["step_ratio"] = t["loop"] / r["loop"]
+        out["step_ratio_per_seed"] = [b / a for a, b in zip(r["per_seed_loop"], t["per_seed_loop"])]
+        pairs = [(a, b) for a, b in zip(r["to_target_seconds"], t["to_target_seconds"]) if a and b]
+        out["to_target_ratio_per_seed"] = [b / a for a, b in pairs]
+        out["to_target_ratio"] = sum(b for _, b in pairs) / sum(a for a, _ in pairs) if pairs else None
+    return out
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def print_results(console, cfg: TRLBenchConfig, out: dict) -> None:
+    s = out["summary"]
+    names = [a for a in ARMS if a in cfg.arms]
+    table = Table(title=f"rollwise vs TRL GRPOTrainer, {cfg.workload} workload: seconds per step "
+                        f"(mean of {cfg.steps} steps x {len(cfg.seeds)} seeds, lockstep)")
+    for col in ("arm", "s/step", "generate", "score", "update", "other", "completion tokens", "to target (s)", "steps"):
+        table.add_column(col)
+    for name in names:
+        a = s[name]
+        to_s = ", ".join("-" if x is None else f"{x:.0f}" for x in a["to_target_seconds"])
+        to_n = ", ".join("-" if x is None else str(x) for x in a["to_target_steps"])
+        table.add_row(name, f"{a['loop']:.2f}", *(f"{a[k]:.2f}" for k in PHASES), f"{a['length']:.0f}", to_s, to_n)
+    console.print(table)
+    acc = Table(title=f"greedy accuracy at equal steps (mean over seeds, {cfg.eval_size} held-out prompts)")
+    acc.add_column("arm")
+    for step in s[names[0]]["accuracy_at"]:
+        acc.add_column(str(step))
+    for name in names:
+        acc.add_row(name, *(f"{v:.1%}" for v in s[name]["accuracy_at"].values()))
+    console.print(acc)
+    console.print(f"target accuracy {s['target']:.1%} ({s['target_rule']})")
+    if "step_ratio" in s:
+        ratio = "n/a" if s["to_target_ratio"] is None else f"{s['to_target_ratio']:.2f}x"
+        console.print(f"TRL / rollwise: {s['step_ratio']:.2f}x per step (per seed: "
+                      f"{', '.join(f'{x:.2f}' for x in s['step_ratio_per_seed'])}); time to target {ratio}")
+    for seed, runs in out["seeds"].items():
+        if "rollwise" in runs:
+            own = runs["rollwise"]["own_evals"]
+            common = {e["step"]: e["accuracy"] for e in runs["rollwise"]["evals"]}
+            console.print(f"seed {seed}: rollwise's own evaluator " + ", ".join(
+                f"step {e['step']} {e['accuracy']:.1%} (common {common.get(e['step'], float('nan')):.1%})" for e in own))

@@ -53,7 +53,8 @@ def test_update_bench_throughput_counts_only_real_tokens():
 def test_update_bench_memory_arm_runs_both_settings_in_fresh_processes():
     res = run_update_bench(["arms=[memory]", "vocab=3000", "hidden=16", "rows=2", "width=12", "budget_mb=0.05"],
                            Console(file=io.StringIO(), width=200))
-    whole, chunked = res["memory"]["whole"], res["memory"]["chunked"]
+    whole, chunked, packed = (res["memory"][k] for k in ("whole", "chunked", "chunked_packed"))
     assert whole["budget_mb"] is None and chunked["budget_mb"] == 0.05
     assert whole["params"] == chunked["params"] > 3000 * 16  # the same model in both processes
     assert whole["peak_mb"] >= whole["before_mb"] > 0 and chunked["peak_mb"] >= chunked["before_mb"] > 0
+    assert packed["packed"] and not chunked["packed"] and packed["params"] == whole["params"]

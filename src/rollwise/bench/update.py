@@ -21,7 +21,8 @@ count, as ``bench engine`` reports it).
 
 The ``memory`` arm measures the peak memory of one policy update on a large-vocabulary model
 (a Qwen2-shaped random model built locally, 151,936 tokens by default) with the whole logits
-and with the chunked LM head (``optim.logits_budget_mb``): each in a fresh process, peak RSS
+and with the chunked LM head (``optim.logits_budget_mb``), with the HF and the packed forward
+(which sends only completion positions through the head): each in a fresh process, peak RSS
 after the update minus the RSS before it, so the model's own weights do not count.
 """
 
@@ -76,8 +77,9 @@ def run_update_bench(overrides: list[str], console) -> dict:
         _print_throughput(console, out["throughput"])
     if "memory" in cfg.arms:
         with console.status("memory arm: one update, whole logits vs chunked LM head"):
-            out["memory"] = {name: _measure_in_child(cfg, budget) for name, budget in
-                             (("whole", None), ("chunked", cfg.budget_mb))}
+            out["memory"] = {name: _measure_in_child(cfg, budget, packed) for name, budget, packed in
+                             (("whole", None, False), ("chunked", cfg.budget_mb, False),
+                              ("chunked_packed", cfg.budget_mb, True))}
         _print_memory(console, cfg, out["memory"])
     return out
 
@@ -230,16 +232,18 @@ def _print_throughput(console, out: dict) -> None:
     console.print(table)
 
 
-def _measure_in_child(cfg: UpdateBenchConfig, budget_mb: float | None) -> dict:
+def _measure_in_child(cfg: UpdateBenchConfig, budget_mb: float | None, packed: bool) -> dict:
     """Run ``peak_update_memory`` in a fresh interpreter (peak RSS is per process)."""
     args = json.dumps({"vocab": cfg.vocab, "hidden": cfg.hidden, "rows": cfg.rows, "width": cfg.width,
-                       "budget_mb": budget_mb, "threads": cfg.threads or 1})
+                       "budget_mb": budget_mb, "threads": cfg.threads or 1,
+                       "packed": packed})
     code = f"import json; from rollwise.bench.update import peak_update_memory; print(json.dumps(peak_update_memory(**json.loads({args!r}))))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def peak_update_memory(vocab: int, hidden: int, rows: int, width: int, budget_mb: float | None, threads: int) -> dict:
+def peak_update_memory(vocab: int, hidden: int, rows: int, width: int, budget_mb: float | None, threads: int,
+                       packed: bool = False) -> dict:
     """Peak RSS growth (MB) of one policy update on a random Qwen2-shaped model (call in a fresh process)."""
     import resource
     import time
@@ -266,14 +270,14 @@ def peak_update_memory(vocab: int, hidden: int, rows: int, width: int, budget_mb
                        rewards=torch.zeros(rows), group_ids=torch.arange(rows) // 4)
     # a first update allocates the optimizer state: measure the second one
     kwargs = dict(micro_batch_size=rows, num_iterations=1, max_grad_norm=1.0, max_len=width,
-                  logits_budget_mb=budget_mb)
+                  logits_budget_mb=budget_mb, packed=packed)
     policy_update(model, opt, batch, ObjectiveConfig(), **kwargs)
     before = _rss_mb()
     start = time.perf_counter()
     policy_update(model, opt, batch, ObjectiveConfig(), **kwargs)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
-    return {"budget_mb": budget_mb, "peak_mb": peak, "before_mb": before, "update_peak_mb": peak - before,
+    return {"budget_mb": budget_mb, "packed": packed, "peak_mb": peak, "before_mb": before, "update_peak_mb": peak - before,
             "seconds": seconds, "params": sum(p.numel() for p in model.parameters())}
 
 
@@ -291,5 +295,6 @@ def _print_memory(console, cfg: UpdateBenchConfig, mem: dict) -> None:
         table.add_column(col)
     for name, m in mem.items():
         label = "whole" if m["budget_mb"] is None else f"chunked ({m['budget_mb']:.0f} MB budget)"
+        label += ", packed forward" if m.get("packed") else ", HF forward"
         table.add_row(label, f"{m['update_peak_mb']:.0f}", f"{m['seconds']:.2f}")
     console.print(table)

@@ -130,6 +130,14 @@ def test_xrpo_gives_the_first_chunk_to_the_uncertain_prompt():
     assert xrpo_allocation([4, 4], [4, 2], budget=8, chunk=4, cap=32) == [4, 4]
 
 
+def test_xrpo_is_uniform_at_twice_n0_and_targets_mixed_prompts_beyond():
+    """A finding of bench control: with the step's budget at G = 2·n0 per prompt, every prompt gets
+    exactly one chunk (a chunk cuts a prompt's priority below any n = 4 prompt's): the baseline's
+    allocation. With G = 4·n0 the mixed prompts (s = 2, 1 of 4) get twice the others'."""
+    assert xrpo_allocation([4] * 4, [0, 2, 4, 1], budget=16, chunk=4, cap=32) == [4, 4, 4, 4]
+    assert xrpo_allocation([4] * 4, [0, 2, 4, 1], budget=48, chunk=4, cap=64) == [8, 16, 8, 16]
+
+
 @given(st.lists(st.tuples(st.integers(1, 12), st.integers(0, 12)), min_size=1, max_size=12),
        st.integers(0, 200), st.integers(1, 6), st.integers(1, 8))
 def test_xrpo_allocation_spends_the_budget_exactly(groups, budget, chunk, g):

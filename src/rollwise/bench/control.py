@@ -49,17 +49,18 @@ class ControlBenchConfig(StrictModel):
     preset: str = Field("tiny", description="model preset (random init, then SFT)")
     sft_steps: int = Field(500, ge=0, description="SFT warm-start steps per task")
     tokens: int = Field(100_000, ge=1, description="arith: generated-token budget of every run")
-    countdown_tokens: int = Field(40_000, ge=1, description="countdown: generated-token budget of every run "
-                                  "(its completions are ~4x shorter)")
+    countdown_tokens: int = Field(80_000, ge=1, description="countdown: generated-token budget of every run")
     num_generations: int = Field(8, ge=2, description="rollouts per prompt (the budget per prompt)")
     prompts_per_step: int = Field(16, ge=1, description="groups per step")
     lr: float = Field(3e-5, gt=0, description="GRPO learning rate")
     eval_every: int = Field(4, ge=1, description="arith: evaluate every N steps (and at the end)")
-    countdown_eval_every: int = Field(6, ge=1, description="countdown: evaluate every N steps (and at the end)")
+    countdown_eval_every: int = Field(8, ge=1, description="countdown: evaluate every N steps (and at the end)")
     eval_size: int = Field(200, ge=1, description="held-out prompts for greedy accuracy")
     arith_max_digits: int = Field(5, ge=1, description="arith: operand digits up to this (the demo's mix)")
     arith_max_new_tokens: int = Field(96, ge=1, description="arith completion limit")
     countdown_max_new_tokens: int = Field(32, ge=1, description="countdown completion limit")
+    countdown_max_numbers: int = Field(3, ge=3, le=6, description="countdown: most numbers given per prompt (3: the "
+                                       "tiny model learns from 19% within the budget; with 4 it does not)")
     control: list[str] = Field([], description="extra control.* overrides for every arm, e.g. 'vade.pool_size=256'")
 
 
@@ -91,7 +92,8 @@ def _task_sets(cfg: ControlBenchConfig, task: str) -> list[str]:
     if task == "arith":
         return ["task.name=arith", f"task.max_digits={cfg.arith_max_digits}", f"task.eval_size={cfg.eval_size}",
                 f"rollout.max_new_tokens={cfg.arith_max_new_tokens}"]
-    return ["task.name=countdown", f"task.eval_size={cfg.eval_size}",
+    return ["task.name=countdown", f"task.eval_size={cfg.eval_size}", "task.min_numbers=3",
+            f"task.max_numbers={cfg.countdown_max_numbers}",
             f"rollout.max_new_tokens={cfg.countdown_max_new_tokens}"]
 
 

@@ -67,7 +67,8 @@ def old_step(t: Trainer) -> dict:
     metrics |= policy_update(t.model, t.optimizer, batch, cfg.objective, micro_batch_size=o.micro_batch_size,
                              num_iterations=o.num_iterations, max_grad_norm=o.max_grad_norm, max_len=r.max_new_tokens,
                              temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, ref_model=t.ref_model,
-                             skip_zero_advantage=o.skip_zero_advantage, logits_budget_mb=o.logits_budget_mb)
+                             skip_zero_advantage=o.skip_zero_advantage, logits_budget_mb=o.logits_budget_mb,
+                             packed=t.packed)
     t.scheduler.step()
     t.engine.load_weights(t.model)
     t.state.step += 1

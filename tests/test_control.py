@@ -314,3 +314,23 @@ def test_none_is_the_plain_loop():
     assert [p.id for p in prompts] == ["p5", "p6", "p7"] and source.cursor == 8
     assert c.allocate(prompts, PromptStats(), 12) == [4, 4, 4] and equal_split(10, 4) == [3, 3, 2, 2]
     assert c.accept(group("x", [1, 1])) and c.extend([group("x", [1])], PromptStats(), 0) == [0]
+
+
+@given(st.sampled_from(["none", "vade", "gdro", "difficulty_select", "arrol", "dars", "dynamic_sampling"]),
+       st.integers(1, 12), st.integers(2, 16), st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=12))
+def test_every_allocate_spends_exactly_the_budget(method, n_prompts, g, history):
+    """Whatever the statistics, allocate() hands out prompts x G rollouts (xrpo: with extend, above)."""
+    rollout = type("R", (), {"num_generations": g, "strategy": "group", "engine": "auto"})()
+    c = build_controller(ControlConfig(method=method, gdro=GdroConfig(min_rollouts=2)), rollout, seed=0)
+    stats = PromptStats()
+    for i, (n, s) in enumerate(history):
+        stats.records[f"p{i}"] = PromptRecord(attempts=n, successes=min(s, n), alpha=1 + min(s, n),
+                                              beta=1 + n - min(s, n))
+    prompts = [Prompt(f"p{i}", "x") for i in range(n_prompts)]
+    budgets = c.allocate(prompts, stats, n_prompts * g)
+    assert sum(budgets) == n_prompts * g and len(budgets) == n_prompts and min(budgets) >= 1
+
+
+def test_dars_breadth_trains_two_full_batch_epochs():
+    assert Dars(DarsConfig(breadth=True), num_generations=4).update_epochs == 2
+    assert Dars(DarsConfig(), num_generations=4).update_epochs == 1 == Controller().update_epochs

@@ -174,3 +174,20 @@ def test_list_controllers():
     assert result.exit_code == 0, result.output
     for name in CONTROLLERS:
         assert name in result.output
+
+
+def test_dars_breadth_runs_two_optimizer_passes(tmp_path, warm, monkeypatch):
+    import rollwise.train.loop as loop
+
+    seen, update = [], loop.policy_update
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["num_iterations"])
+        return update(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "policy_update", spy)
+    with trainer_for(tmp_path, warm, "control.method=dars", "control.dars.breadth=true") as t:
+        t.step()
+    with trainer_for(tmp_path, warm, "name=plain", "control.method=dars") as t:
+        t.step()
+    assert seen == [2, 1]

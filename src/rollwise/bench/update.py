@@ -253,7 +253,6 @@ def _measure_in_child(cfg: UpdateBenchConfig, budget_mb: float | None, packed: b
 def peak_update_memory(vocab: int, hidden: int, rows: int, width: int, budget_mb: float | None, threads: int,
                        packed: bool = False) -> dict:
     """Peak RSS growth (MB) of one policy update on a random Qwen2-shaped model (call in a fresh process)."""
-    import resource
     import time
 
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -280,21 +279,27 @@ def peak_update_memory(vocab: int, hidden: int, rows: int, width: int, budget_mb
     kwargs = dict(micro_batch_size=rows, num_iterations=1, max_grad_norm=1.0, max_len=width,
                   logits_budget_mb=budget_mb, packed=packed)
     policy_update(model, opt, batch, ObjectiveConfig(), **kwargs)
-    before = _rss_mb()
+    before = _status_mb("VmRSS")
+    try:  # restart the high-water mark here, so the first update's peak does not count (Linux >= 4.0)
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
     start = time.perf_counter()
     policy_update(model, opt, batch, ObjectiveConfig(), **kwargs)
     seconds = time.perf_counter() - start
-    # ru_maxrss (KB on Linux) is the kernel's high-water mark, synced lazily: it can trail the
-    # current VmRSS by a few hundred KB, so the peak is the larger of the two
-    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, _rss_mb())
+    # VmHWM, this process's own high-water mark: ru_maxrss would also hold the RSS of the parent
+    # this child was forked from (Linux keeps it across exec: a 4 GB bench process made every
+    # child read 4.5 GB). The mark is synced lazily and can trail VmRSS by a few hundred KB.
+    peak = max(_status_mb("VmHWM"), _status_mb("VmRSS"))
     return {"budget_mb": budget_mb, "packed": packed, "peak_mb": peak, "before_mb": before, "update_peak_mb": peak - before,
             "seconds": seconds, "params": sum(p.numel() for p in model.parameters())}
 
 
-def _rss_mb() -> float:
+def _status_mb(field: str) -> float:
+    """A ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``) in MB."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 

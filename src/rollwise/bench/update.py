@@ -72,7 +72,7 @@ def run_update_bench(overrides: list[str], console) -> dict:
         if arm in cfg.arms:
             with _quiet_transformers(), torch.random.fork_rng(), tempfile.TemporaryDirectory() as tmp:
                 out[arm] = _run(cfg, PAIRED[arm], Path(tmp), console)
-            _print(console, arm, out[arm])
+            _print(console, out[arm])
     if "throughput" in cfg.arms:
         with _quiet_transformers(), torch.random.fork_rng():
             out["throughput"] = _throughput(cfg, console)
@@ -130,7 +130,7 @@ def _run(cfg: UpdateBenchConfig, paired: tuple[str, str, str], tmp: Path, consol
     return out
 
 
-def _print(console, arm: str, out: dict) -> None:
+def _print(console, out: dict) -> None:
     key, (a, b) = out["setting"], out["values"]
     table = Table(title=f"policy update: {key}={a} vs {b} (the same run side by side, alternating)")
     for col in ("arm", "update s/step", "generate s/step", "step s", "rows skipped", "zero-signal groups"):

@@ -112,10 +112,10 @@ CASES = {  # method -> extra settings, and what must have happened after two ste
 }
 
 
-@pytest.mark.parametrize("strategy", ["group", "tree"])
+@pytest.mark.parametrize("strategy", ["group", "tree", "latr"])
 @pytest.mark.parametrize("method", list(CASES))
 def test_every_controller_trains_with_every_strategy(tmp_path, warm, method, strategy):
-    if (method, strategy) == ("arrol", "tree"):  # arrol over-provisions independent samples: refused, with the fix
+    if method == "arrol" and strategy != "group":  # arrol over-provisions independent samples: refused, with the fix
         with pytest.raises(ConfigError, match="rollout.strategy=group"):
             trainer_for(tmp_path, warm, f"control.method={method}", f"rollout.strategy={strategy}")
         return
@@ -149,6 +149,45 @@ def test_every_controller_trains_with_every_strategy(tmp_path, warm, method, str
             assert spent == G * generated_groups and generated_groups > 2 * P  # refills were rolled out
             for m in ms:  # trained on informative groups only, unless the cap was hit
                 assert m["groups/zero_signal"] == 0 or m["control/cap_hit"] == 1
+
+
+@pytest.mark.parametrize("strategy", ["group", "tree"])
+@pytest.mark.parametrize("method", ["xrpo_alloc", "dars"])
+def test_extra_rounds_reuse_the_cached_prompt_prefix(tmp_path, warm, method, strategy):
+    """An extend round samples prompts the step already prefilled: each extra rollout feeds one
+    prompt token (the prefix is copied from the engine's kept prefixes), none is prefilled again."""
+    with trainer_for(tmp_path, warm, f"control.method={method}", f"rollout.strategy={strategy}",
+                     *CASES[method]) as t:
+        rounds, run, prefill = [], t.generate_and_score, t.engine.forward.prefill
+        prefilled = []  # prompt tokens run through a model prefill, per call
+
+        def counting_prefill(kv, ids, lens, row0):
+            prefilled.append(sum(lens))
+            return prefill(kv, ids, lens, row0)
+
+        def spy(prompts, budgets, clock, salt=0):
+            stats, before = t.engine.stats, (len(prefilled), t.engine.stats.prefix_cache_tokens)
+            out = run(prompts, budgets, clock, salt)
+            rounds.append((salt, prompts, budgets, prefilled[before[0]:], stats.prefix_cache_tokens - before[1]))
+            return out
+
+        t.engine.forward.prefill, t.generate_and_score = counting_prefill, spy
+        for _ in range(4):  # DARS extends only when some prompt came back hard
+            m = t.step()
+            assert not t.engine._prefixes  # forgotten at the step's end
+            if any(r[0] >= 100 for r in rounds):
+                break
+        assert rounds[0][3], "the first round prefilled its prompts"
+        extra = [r for r in rounds if r[0] >= 100]
+        assert extra, "the controller ran no extend round"
+        for _, prompts, budgets, calls, reused in extra:
+            kept = [(p, b) for p, b in zip(prompts, budgets) if b > 0]
+            assert calls == []  # no prefill ran: every prompt's prefix came from the kept cache
+            if strategy == "group":  # one request per rollout: each one a hit
+                assert reused == sum(b * (len(p.token_ids) - 1) for p, b in kept)
+            else:  # a request forked while queued per prompt (and fallback roots): at least one hit each
+                assert reused >= sum(len(p.token_ids) - 1 for p, _ in kept)
+        assert m["control/prefix_reused_tokens"] >= sum(r[4] for r in extra) > 0
 
 
 def test_bad_combinations_are_config_errors(tmp_path):
@@ -191,3 +230,55 @@ def test_dars_breadth_runs_two_optimizer_passes(tmp_path, warm, monkeypatch):
     with trainer_for(tmp_path, warm, "name=plain", "control.method=dars") as t:
         t.step()
     assert seen == [2, 1]
+
+
+class StopOddSecondToken:
+    """A user's controller: stops a rollout whose second token id is odd (asked every 2 tokens)."""
+
+    @staticmethod
+    def make(seed, num_generations):
+        from rollwise.control import Controller
+
+        class Gate(Controller):
+            name, continue_every = "odd_gate", 2
+
+            def __init__(self, **kw):
+                super().__init__(**kw)
+                self.asked = []
+
+            def should_continue(self, partial, stats):
+                self.asked.append((partial.prompt.id, list(partial.token_ids)))
+                return len(partial.token_ids) < 2 or partial.token_ids[1] % 2 == 0
+
+        return Gate(seed=seed, num_generations=num_generations)
+
+
+def test_should_continue_stops_rollouts_during_generation(tmp_path, warm):
+    """A controller's should_continue is asked at every 2 tokens; the rollouts it stops are aborted
+    in the engine and appear in no group; a prompt's last rollout is never stopped."""
+    with trainer_for(tmp_path, warm, "rollout.engine=slots") as t:
+        t.set_controller(StopOddSecondToken.make(t.cfg.seed, G))
+        seen = record_groups(t)
+        m = t.step()
+        gate = t.controller
+        asked_at = {len(ids) for _, ids in gate.asked}
+        assert asked_at and all(n % 2 == 0 for n in asked_at)  # only at segment boundaries
+        odd = [ids for _, ids in gate.asked if len(ids) == 2 and ids[1] % 2]
+        assert odd, "the gate never had a rollout to stop (test data too easy)"
+        assert m["control/stopped_rollouts"] == t.engine.stats.aborted > 0
+        (groups,) = seen
+        assert all(len(g.rollouts) >= 1 for g in groups)
+        stopped_prompts = {pid for pid, ids in gate.asked if len(ids) == 2 and ids[1] % 2}
+        for g in groups:
+            odd_kept = [r for r in g.rollouts if len(r.completion_ids) >= 2 and r.completion_ids[1] % 2]
+            assert len(odd_kept) <= (1 if len(g.rollouts) == 1 else 0)  # only a prompt's last one survives
+        assert sum(len(g.rollouts) for g in groups) == P * G - m["control/stopped_rollouts"]
+        assert stopped_prompts
+        assert m["tokens/generated"] == t.engine.stats.decode_tokens  # stopped tokens were sampled: counted
+        assert t.state.step == 1
+
+
+def test_should_continue_needs_the_group_strategy(tmp_path, warm):
+    with trainer_for(tmp_path, warm, "rollout.strategy=tree") as t:
+        with pytest.raises(ConfigError, match="should_continue.*rollout.strategy=group"):
+            t.set_controller(StopOddSecondToken.make(t.cfg.seed, G))

@@ -505,3 +505,62 @@ def test_split_cost_cuts_only_when_it_pays():
     cost, buckets = split_cost(spans, 0, 64, depth=2)
     assert buckets[0] == (0, 16, 200) and cost == 16 * 200 + 48 * 10
     assert all(b - a >= 8 for a, b, _ in buckets)
+
+
+# -- kept prompt prefixes (keep_prefixes) ---------------------------------------------------
+def test_kept_prompt_prefix_skips_the_second_prefill(tiny, prompts):
+    """A second round for prompts already prefilled copies their cached prefix in, feeds only the
+    last prompt token, and samples what a fresh engine samples for the same seeds."""
+    reqs = mixed_requests(prompts)
+    engine = engine_for(tiny, max_batch_size=4)
+    engine.keep_prefixes(len(prompts))
+    engine.generate(reqs[:5])  # round 1 prefills prompts 0..4
+    before = engine.stats.prefill_tokens
+    again = [Request(r.prompt_ids, SamplingParams(**{**vars(r.params), "seed": 100 + i})) for i, r in enumerate(reqs)]
+    second = engine.generate(again)
+    long_enough = [p for p in prompts[:5] if len(p) >= 2]
+    assert engine.stats.prefix_cache_hits == len(long_enough)
+    assert engine.stats.prefix_cache_tokens == sum(len(p) - 1 for p in long_enough)
+    # hits feed one token each; the other prompts are prefilled in full
+    assert engine.stats.prefill_tokens - before == len(long_enough) + sum(
+        len(p) for i, p in enumerate(prompts) if not (i < 5 and len(p) >= 2))
+    fresh = engine_for(tiny, max_batch_size=4).generate(again)
+    for out, ref in zip(second, fresh):
+        assert out.token_ids == ref.token_ids and out.finish_reason == ref.finish_reason
+        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(ref.logprobs), atol=ATOL, rtol=0)
+
+
+def test_kept_prefix_serves_a_queued_fork_family(tiny, prompts):
+    params = SamplingParams(temperature=1.0, max_new_tokens=10, seed=11)
+    engine = engine_for(tiny, max_batch_size=4)
+    engine.keep_prefixes(4)
+    engine.generate([Request(prompts[3], SamplingParams(max_new_tokens=2))])
+    before = engine.stats.prefill_tokens
+    (h,) = engine.submit([Request(prompts[3], params)])
+    children = engine.fork(h, 6)  # 4 slots: one hit + three copies of it; the last two wait
+    outs = engine.run_until()
+    # the first four run 10 tokens and end together, so the last two find no running sibling:
+    # they take the kept prefix too (without it they would re-prefill the prompt)
+    assert engine.stats.prefix_cache_hits == 2 and engine.stats.reprefill_tokens == 0
+    # no prompt prefilled: each of the six feeds the prompt's last token into its own row
+    assert engine.stats.prefill_tokens - before == 6
+    plain = engine_for(tiny).generate([Request(prompts[3], SamplingParams(temperature=1.0, max_new_tokens=10,
+                                                                          seed=child_seed(11, i))) for i in range(6)])
+    assert [outs[c].token_ids for c in children] == [p.token_ids for p in plain]
+
+
+def test_kept_prefixes_are_forgotten_with_new_weights_and_bounded(tiny, prompts):
+    model, tok = tiny
+    engine = engine_for(tiny, max_batch_size=4)
+    engine.keep_prefixes(2)
+    engine.generate([Request(p, SamplingParams(max_new_tokens=2)) for p in prompts[:4]])
+    assert len(engine._prefixes) == 2  # least recently used dropped
+    engine.load_weights(model)
+    assert not engine._prefixes
+    engine.generate([Request(prompts[0], SamplingParams(max_new_tokens=2))])
+    engine.keep_prefixes(0)
+    assert not engine._prefixes
+    engine.generate([Request(prompts[0], SamplingParams(max_new_tokens=2))])
+    assert engine.stats.prefix_cache_hits == 0
+    with pytest.raises(ValueError, match="keep_prefixes"):
+        engine.keep_prefixes(-1)

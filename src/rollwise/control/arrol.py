@@ -103,11 +103,6 @@ class Arrol(Controller):
         self._kept += [p[i] for i in kept]
         return kept
 
-    def should_continue(self, partial, stats: PromptStats) -> bool:
-        """One partial rollout alone: continue unless the probe is sure it fails (the per-prompt
-        balanced choice is ``keep``)."""
-        return not self.ready() or float(self.predict(partial.hidden[None])[0]) > 0.05
-
     # learning the probe ------------------------------------------------------------------------
     def observe_step(self, groups: list[RolloutGroup], stats: PromptStats) -> None:
         xs, ys = [], []

@@ -9,8 +9,12 @@ The loop calls a controller at fixed points of a step:
 - ``extend(groups, stats, remaining) -> extra``: after scoring, more rollouts for some
   prompts (XRPO's second phase out of ``remaining``; DARS's depth rounds on top of it).
   Extra rollouts join their prompt's group;
-- ``should_continue(partial, stats) -> bool``: per partial rollout at segment boundaries
-  (online pruning; every built-in controller but ``arrol`` continues everything);
+- ``should_continue(partial, stats) -> bool``: per partial rollout (``generate.group.Partial``:
+  prompt, tokens and log-probs so far) every ``continue_every`` tokens — online pruning. The
+  ``group`` strategy calls it when a controller overrides it and sets ``continue_every``; a
+  rollout it stops is aborted in the engine and leaves no tokens in any group (a prompt's
+  last rollout is never stopped). Every built-in controller continues everything (``arrol``
+  prunes with its own per-prompt balanced choice, ``generate/pruned.py``);
 - ``accept(group) -> bool``: per finished, scored group; the loop refills the batch with fresh
   prompts for the groups it drops (``refills``: dynamic sampling).
 
@@ -99,6 +103,18 @@ class Controller:
         return True
 
     # -- around the hooks -------------------------------------------------------------------
+    continue_every = 0  # tokens between should_continue calls on one rollout (0: never called)
+
+    @property
+    def gates(self) -> bool:
+        """Whether generation must ask ``should_continue`` at segment boundaries."""
+        return self.continue_every > 0 and type(self).should_continue is not Controller.should_continue
+
+    @property
+    def extends(self) -> bool:
+        """Whether this controller runs extra rounds for prompts already sampled (``extend``)."""
+        return self.max_rounds > 0 and type(self).extend is not Controller.extend
+
     tracks_pool = False  # selectors draw seen prompts again: the stream index of each is kept
     update_epochs = 1  # optimizer passes the update should make at least (DARS-B's breadth)
 

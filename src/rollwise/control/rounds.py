@@ -40,7 +40,7 @@ def extend_rounds(controller: Controller, stats: PromptStats, groups: list[Rollo
         remaining = max(0, remaining - sum(extra))
         rollouts += sum(extra)
         tokens += sampled
-    if cap == 0 or type(controller).extend is Controller.extend:  # a controller that never extends logs nothing
+    if not controller.extends:  # a controller that never extends logs nothing
         return {}
     return {"control/extend_rounds": float(rounds), "control/extend_rollouts": float(rollouts),
             "control/extend_tokens": float(tokens)}

@@ -36,6 +36,12 @@ How it works:
   ``resume`` copies them back instead of recomputing (``stats.restored_tokens``): cheaper,
   but after a weight update the prefix's keys/values are the old policy's (an in-flight
   weight update, as PipelineRL does; the behaviour log-probs record what was sampled).
+- **Prompt prefixes** (``keep_prefixes(n)``): the engine keeps the cached keys/values of the
+  last ``n`` prompts it prefilled (all positions but the last); a fresh request for one of
+  them later copies that prefix in and feeds only the prompt's last token
+  (``stats.prefix_cache_hits``, ``stats.prefix_cache_tokens``) instead of prefilling the prompt
+  again — a controller's extra rounds for prompts already sampled this step (XRPO, DARS).
+  ``load_weights`` empties it: a prefix computed by older weights is never reused.
 
 Forked parents and paused handles never produce a ``Completion``; children and resumed
 sequences get new handles.
@@ -44,7 +50,7 @@ sequences get new handles.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 
 import torch
 
@@ -86,6 +92,8 @@ class SlotEngine(EngineLoop):
         self._rows: list[Sequence] = []  # running sequences; row r uses cache row r
         self._lens: list[int] = []  # cached positions per row
         self._kv: SlotKV | None = None
+        self._prefixes: OrderedDict[tuple[int, ...], list[torch.Tensor]] = OrderedDict()  # prompt -> cached rows
+        self._prefix_capacity = 0  # keep_prefixes(n): prompts kept; 0 = none
         self._needed = 0  # longest prompt + max_new_tokens accepted so far
         S, dev = max_batch_size, self.device
         self._pending = torch.zeros(S, dtype=torch.long, device=dev)  # token each row feeds next
@@ -124,7 +132,9 @@ class SlotEngine(EngineLoop):
         finished, self._early = self._early, []
         n_decode, leaders, followers = self._admit()
         if self._rows:
-            finished += self._sample(self._run_model(n_decode, leaders, followers))
+            logits = self._run_model(n_decode, leaders, followers)
+            self._remember(leaders)
+            finished += self._sample(logits)
             self.stats.steps += 1
         self.stats.wall_seconds += time.perf_counter() - start
         return finished
@@ -134,6 +144,17 @@ class SlotEngine(EngineLoop):
 
     def _weights_changed(self) -> None:
         self.forward.refresh()
+        self._prefixes.clear()  # computed by the old weights
+
+    def keep_prefixes(self, n: int) -> None:
+        """Keep the cached prompt prefixes of the last ``n`` prompts prefilled (least recently used
+        dropped first; 0 = keep none and forget what is kept), so later requests for the same
+        prompt under the same weights skip its prefill."""
+        if n < 0:
+            raise ValueError(f"keep_prefixes needs n >= 0, got {n}")
+        self._prefix_capacity = n
+        while len(self._prefixes) > n:
+            self._prefixes.popitem(last=False)
 
     def peek(self, handle: int) -> SequenceView:
         """The tokens so far of a queued or running sequence (and its latest top candidates)."""
@@ -341,8 +362,9 @@ class SlotEngine(EngineLoop):
         self.stats.prefix_tokens_shared += sum(lens)
         self.stats.prefill_tokens += sum(1 for s, _ in pairs if not s.tokens)  # a prompt's last token, again
 
-    def _place_restores(self, seqs: list[Sequence]) -> None:
-        """Admit resumed sequences with their parked cache: copy it in; each re-feeds its last id."""
+    def _place_restores(self, seqs: list[Sequence], from_prefix_cache: bool = False) -> None:
+        """Admit resumed sequences (or fresh ones whose prompt prefix is kept) with their parked
+        cache: copy it in; each re-feeds its last id."""
         if not seqs:
             return
         r0 = len(self._rows)
@@ -352,7 +374,36 @@ class SlotEngine(EngineLoop):
             seq.parked = None
         self._place(seqs, lens)
         self._pending[r0 : r0 + len(seqs)] = torch.tensor([s.ids[-1] for s in seqs], device=self.device)
-        self.stats.restored_tokens += sum(lens)
+        if from_prefix_cache:
+            self.stats.prefix_cache_hits += len(seqs)
+            self.stats.prefix_cache_tokens += sum(lens)
+            self.stats.prefill_tokens += len(seqs)  # each prompt's last token, fed as a decode row
+        else:
+            self.stats.restored_tokens += sum(lens)
+
+    def _cached_prefix(self, seq: Sequence) -> list[torch.Tensor] | None:
+        """The kept prefix of a fresh sequence's prompt, if any (marked most recently used)."""
+        if not self._prefixes or seq.tokens or len(seq.prompt_ids) < 2:
+            return None
+        key = tuple(seq.prompt_ids)
+        cached = self._prefixes.get(key)
+        if cached is not None:
+            self._prefixes.move_to_end(key)
+        return cached
+
+    def _remember(self, leaders: list[Sequence]) -> None:
+        """Keep the prompt prefix of each fresh leader just prefilled (``keep_prefixes``)."""
+        if not self._prefix_capacity:
+            return
+        for seq in leaders:
+            if seq.tokens or len(seq.prompt_ids) < 2:
+                continue
+            key = tuple(seq.prompt_ids)
+            if key not in self._prefixes:
+                self._prefixes[key] = self._kv.export_row(seq.row, len(seq.prompt_ids) - 1)
+            self._prefixes.move_to_end(key)
+        while len(self._prefixes) > self._prefix_capacity:
+            self._prefixes.popitem(last=False)
 
     def _admit(self) -> tuple[int, list[Sequence], list[tuple[Sequence, int]]]:
         """Move queued sequences into free rows. Fork children with a running sibling are placed
@@ -360,7 +411,8 @@ class SlotEngine(EngineLoop):
         share a leader's prefill. Returns (rows that decode, leaders, (follower, leader index))."""
         self._ensure_cache()
         free = self.max_batch_size - len(self._rows)
-        copies, restores, leaders, followers, lead_of = [], [], [], [], {}
+        copies, restores, hits, leaders, followers, lead_of = [], [], [], [], [], {}
+        family_hit: dict[int, Sequence] = {}  # a fork family whose first member took a cached prefix
         while self._queue and free > 0:
             seq = self._queue.popleft()
             free -= 1
@@ -371,11 +423,22 @@ class SlotEngine(EngineLoop):
             if family is not None:
                 sibling = family.running()
                 if sibling is not None:
-                    copies.append((seq, sibling.row))
+                    copies.append((seq, sibling))
+                    continue
+                if id(family) in family_hit:
+                    copies.append((seq, family_hit[id(family)]))
                     continue
                 if family.same_ids and id(family) in lead_of:
                     followers.append((seq, lead_of[id(family)]))
                     continue
+            cached = self._cached_prefix(seq)
+            if cached is not None:
+                seq.parked = cached
+                hits.append(seq)
+                if family is not None:
+                    family_hit[id(family)] = seq
+                continue
+            if family is not None:
                 lead_of[id(family)] = len(leaders)
             leaders.append(seq)
         # longest first, so prefill can cut them into chunks of similar length (see _run_model)
@@ -383,8 +446,9 @@ class SlotEngine(EngineLoop):
         rank = {old: new for new, old in enumerate(order)}
         leaders = [leaders[i] for i in order]
         followers = [(f, rank[i]) for f, i in followers]
-        self._place_copies(copies)
         self._place_restores(restores)
+        self._place_restores(hits, from_prefix_cache=True)
+        self._place_copies([(s, src.row) for s, src in copies])  # after the hits: they may copy from one
         n_decode = len(self._rows)
         self._place(leaders, [len(s.ids) for s in leaders])
         self._place([f for f, _ in followers], [len(f.ids) for f, _ in followers])

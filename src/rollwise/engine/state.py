@@ -49,6 +49,8 @@ class SlotEngineStats(EngineStats):
     prefix_tokens_shared: int = 0  # cached positions copied between slots by fork instead of computed
     reprefill_tokens: int = 0  # of prefill_tokens: prefixes computed again (resume; fork with no sibling left)
     restored_tokens: int = 0  # cached positions resume copied back from pause(keep_cache=True) instead of computing
+    prefix_cache_hits: int = 0  # fresh sequences admitted with a kept prompt prefix (keep_prefixes)
+    prefix_cache_tokens: int = 0  # prompt positions those hits copied in instead of prefilling
     row_sorts: int = 0  # times the running rows were reordered by length (decode attention buckets)
     aborted: int = 0  # sequences ended by abort() (online pruning): no completion, tokens dropped
     aborted_tokens: int = 0  # tokens those sequences had sampled (in decode_tokens, in no completion)
@@ -65,7 +67,8 @@ class SlotEngineStats(EngineStats):
     def as_dict(self) -> dict[str, float]:
         d = super().as_dict()
         d.update(prefix_tokens_shared=self.prefix_tokens_shared, reprefill_tokens=self.reprefill_tokens,
-                 restored_tokens=self.restored_tokens, aborted=self.aborted, aborted_tokens=self.aborted_tokens,
+                 restored_tokens=self.restored_tokens, prefix_cache_hits=self.prefix_cache_hits,
+                 prefix_cache_tokens=self.prefix_cache_tokens, aborted=self.aborted, aborted_tokens=self.aborted_tokens,
                  steps=self.steps, slot_occupancy=self.slot_occupancy)
         return d
 

@@ -9,6 +9,7 @@ and TreePO's running entropy percentile otherwise), saved with every checkpoint.
 
 from __future__ import annotations
 
+from rollwise.config import ConfigError
 from rollwise.generate.base import Generator
 
 STRATEGIES = {
@@ -19,17 +20,23 @@ STRATEGIES = {
 }
 
 
-def build_generator(rollout, params, decode, pruner=None) -> Generator:
+def build_generator(rollout, params, decode, pruner=None, gate=None, gate_every: int = 0) -> Generator:
     """The generator ``rollout.strategy`` names, configured from ``rollout`` (a ``RolloutConfig``).
 
     ``pruner`` (a controller that prunes inside generation, e.g. ``arrol``) turns independent
-    sampling into ``PrunedSampler``: over-provisioned samples, pruned at a segment boundary."""
+    sampling into ``PrunedSampler``: over-provisioned samples, pruned at a segment boundary.
+    ``gate(partial) -> bool`` (a controller's ``should_continue``), asked every ``gate_every``
+    tokens of a rollout, stops rollouts during ``group`` sampling."""
     from rollwise.generate.april import AprilSampler
     from rollwise.generate.group import GroupSampler
     from rollwise.generate.latr import LatrSampler
     from rollwise.generate.pruned import PrunedSampler
     from rollwise.generate.tree import TreeSampler
 
+    if gate is not None and (pruner is not None or rollout.strategy != "group"):
+        raise ConfigError(f"a controller that stops rollouts during generation (should_continue) works with "
+                          f"rollout.strategy=group, not {rollout.strategy}" + (" or a pruning controller" if pruner else "")
+                          + "; set rollout.strategy=group")
     if pruner is not None:
         sampler = PrunedSampler(params, decode, pruner, pruner.over_provision, pruner.segment_len)
         pruner.features = sampler.features
@@ -41,4 +48,4 @@ def build_generator(rollout, params, decode, pruner=None) -> Generator:
         return LatrSampler(params, decode, rollout.latr)
     if rollout.strategy == "april":
         return AprilSampler(params, decode, rollout.april, target=rollout.prompts_per_step)
-    return GroupSampler(params, decode)
+    return GroupSampler(params, decode, gate=gate, gate_every=gate_every)

@@ -3,12 +3,21 @@
 The contract every generator keeps (``rollwise.generate.base.Generator``):
 ``generate(engine, prompts, budgets, seed) -> (groups, metrics)``, with ``budgets[i]`` the
 number of rollouts for ``prompts[i]`` (from ``control.allocate``).
+
+Online pruning (``gate``): with a gate, the sampler steps the engine itself and, every
+``gate_every`` sampled tokens of a rollout (the segment boundaries), asks
+``gate(Partial)``; a rollout the gate stops is aborted in the engine (slot freed, no
+completion, ``engine.stats.aborted_tokens``) and leaves nothing in its group. A prompt's
+last remaining rollout is never stopped: every prompt keeps a group. The trainer wires a
+controller's ``should_continue`` here (control/base.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from rollwise.config import ConfigError
 from rollwise.engine.engine import Completion, Engine, Request
 from rollwise.engine.sampling import SamplingParams
 from rollwise.generate.base import Generator
@@ -21,6 +30,8 @@ class GroupSampler(Generator):
 
     params: SamplingParams
     decode: object  # token ids -> text (the tokenizer's decode, special tokens skipped)
+    gate: Callable[[Partial], bool] | None = None  # online pruning: False stops the rollout
+    gate_every: int = 0  # tokens between two gate calls on one rollout
 
     def generate(self, engine: Engine, prompts: list[Prompt], budgets: list[int],
                  seed: int) -> tuple[list[RolloutGroup], dict[str, float]]:
@@ -31,11 +42,64 @@ class GroupSampler(Generator):
                 params = replace(self.params, seed=hash((seed, pi, j)) & (2**62 - 1))
                 requests.append(Request(prompt.token_ids, params))
                 owners.append(pi)
-        completions = engine.generate(requests)
+        if self.gate is None:
+            completions, metrics = engine.generate(requests), {}
+        else:
+            completions, metrics = self.gated(engine, requests, owners, prompts)
         groups = [RolloutGroup(prompt=p, rollouts=[]) for p in prompts]
         for pi, c in zip(owners, completions):
-            groups[pi].rollouts.append(to_rollout(prompts[pi], c, self.decode))
-        return groups, {}
+            if c is not None:
+                groups[pi].rollouts.append(to_rollout(prompts[pi], c, self.decode))
+        return groups, metrics
+
+    def gated(self, engine, requests: list[Request], owners: list[int],
+              prompts: list[Prompt]) -> tuple[list[Completion | None], dict[str, float]]:
+        """Run ``requests`` asking the gate at every ``gate_every`` tokens; stopped ones come back None."""
+        if not hasattr(engine, "abort"):
+            raise ConfigError("a controller that stops rollouts during generation (should_continue) needs the "
+                              "slot engine; set rollout.engine=slots (Llama/Qwen2/Mistral models)")
+        handles = engine.submit(requests)
+        index = {h: i for i, h in enumerate(handles)}
+        remaining = [0] * len(prompts)  # rollouts of each prompt not stopped
+        for pi in owners:
+            remaining[pi] += 1
+        alive, done, asked = set(handles), {}, {}
+        stopped = stopped_tokens = 0
+        every = max(self.gate_every, 1)
+        while alive:
+            for c in engine.step():
+                if c.handle in alive:
+                    alive.discard(c.handle)
+                    done[c.handle] = c
+            stop = []
+            for h in sorted(alive):
+                view = engine.peek(h)
+                n = len(view.token_ids)
+                if n == 0 or n % every or asked.get(h) == n:
+                    continue
+                asked[h] = n
+                pi = owners[index[h]]
+                if remaining[pi] > 1 and not self.gate(Partial(prompts[pi], view.token_ids, view.logprobs,
+                                                               view.hidden)):
+                    stop.append(h)
+                    remaining[pi] -= 1
+                    stopped_tokens += n
+            if stop:
+                engine.abort(stop)
+                alive.difference_update(stop)
+                stopped += len(stop)
+        return [done.get(h) for h in handles], {"control/stopped_rollouts": float(stopped),
+                                                 "control/stopped_tokens": float(stopped_tokens)}
+
+
+@dataclass(frozen=True)
+class Partial:
+    """What ``Controller.should_continue`` sees of a rollout at a segment boundary."""
+
+    prompt: Prompt
+    token_ids: list[int]  # sampled so far (the engine's own list: read only)
+    logprobs: list[float]
+    hidden: object = None  # [D] final hidden state behind the latest token, if the sampler keeps it
 
 
 def to_rollout(prompt: Prompt, c: Completion, decode) -> Rollout:

@@ -140,14 +140,22 @@ class Trainer:
         self.stop_ids = (self.tokenizer.eos_token_id,)
         self.sampling = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, self.stop_ids)
         self.stats = PromptStats()  # per-prompt running statistics the controller reads
-        self.controller = build_controller(cfg.control, r, cfg.seed, embed=self.embed_prompts)
-        pruner = self.controller if self.controller.prunes else None  # arrol prunes inside generation
-        self.generator = build_generator(r, self.sampling, self.decode, pruner=pruner)
+        self.set_controller(build_controller(cfg.control, r, cfg.seed, embed=self.embed_prompts))
         self.eval_prompts = [self.tokenize(p) for p in self.task.eval[: cfg.train.eval_size]]
         self.state = TrainState()
         self.ref_model = None
         self.log: MetricsLog | None = None
         self.stopped_by: str | None = None  # the limit that ended the last fit()
+
+    def set_controller(self, controller) -> None:
+        """Use ``controller`` (built from ``control.*``, or your own ``Controller`` subclass) and build
+        the generator around it: a pruning controller (arrol) samples through its pruner, one that
+        overrides ``should_continue`` is asked at every ``continue_every`` tokens of a rollout."""
+        self.controller = controller
+        pruner = controller if controller.prunes else None  # arrol prunes inside generation
+        gate = (lambda partial: controller.should_continue(partial, self.stats)) if controller.gates else None
+        self.generator = build_generator(self.cfg.rollout, self.sampling, self.decode, pruner=pruner, gate=gate,
+                                         gate_every=controller.continue_every)
 
     # -- helpers the loop calls -------------------------------------------------------------
     def decode(self, ids: list[int]) -> str:
@@ -205,6 +213,7 @@ class Trainer:
         prompts = control.select_prompts(source, stats, self.prompts_wanted())
         budget = cfg.rollout.num_generations * len(prompts)
         budgets = control.allocate(prompts, stats, budget)
+        reuse = self.keep_prompt_prefixes(len(prompts))
         groups, metrics, sampled = self.generate_and_score(prompts, budgets, clock)
         tokens = [sampled]
 
@@ -216,6 +225,9 @@ class Trainer:
         metrics |= extend_rounds(control, stats, groups, another_round, budget - sum(budgets))
         groups, refill = accept_and_refill(control, stats, source, groups, another_round, len(prompts),
                                            cfg.rollout.num_generations)
+        if reuse is not None:
+            self.engine.keep_prefixes(0)
+            metrics["control/prefix_reused_tokens"] = float(self.engine.stats.prefix_cache_tokens - reuse)
         control.observe_step(groups, stats)
         self.state.cursor = source.cursor
         metrics |= assign_advantages(groups, cfg.objective)
@@ -236,6 +248,15 @@ class Trainer:
         self.state.generated_tokens += sum(tokens)
         return metrics | refill | control.metrics() | rollout_metrics(groups) | clock.metrics() | {
             "tokens/generated": float(sum(tokens)), "tokens/total": self.state.generated_tokens}
+
+    def keep_prompt_prefixes(self, n: int) -> int | None:
+        """For a controller that extends (XRPO, DARS): the engine keeps this step's ``n`` prompt
+        prefixes, so an extra round for a prompt copies its cached prefix instead of prefilling
+        it again (until the step's end). Returns the engine's reused-token count so far, or None."""
+        if not self.controller.extends or not hasattr(self.engine, "keep_prefixes"):
+            return None
+        self.engine.keep_prefixes(n)
+        return self.engine.stats.prefix_cache_tokens
 
     def step_seed(self) -> int:
         return self.cfg.seed * 1_000_003 + self.state.step

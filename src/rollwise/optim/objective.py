@@ -100,6 +100,8 @@ class ObjectiveConfig(StrictModel):
                                              "reward penalty (-beta*k1 on the advantage)")
     beta: float = Field(0.0, ge=0, description="KL coefficient against the frozen reference (0 = no reference model)")
     kl_estimator: KLEstimator = Field("k3", description="k1 | k2 | k3 estimator of KL(policy || reference)")
+    prox_kl_coef: float = Field(0.0, ge=0, description="coefficient of k3 KL(policy || proximal) in the loss (ReMix's "
+                                "KL-convex constraint with beta; filled from replay.remix.beta)")
     mask_truncated_completions: bool = Field(False, description="rollouts cut at max_new_tokens carry no gradient")
     tis_mode: TISMode = Field(
         "sequence_mask", description="behaviour-vs-trainer importance correction (tis_mis; TRL's "
@@ -251,7 +253,8 @@ def policy_loss(
     is ``cfg.policy_loss`` on the ratio at ``cfg.importance_sampling_level``, then weighted
     by MinPRO's prefix ratio, ``tis_mode`` (with ``behavior_logprobs``) and the entropy mask
     (with ``entropy``); the KL term is added in the loss or, ``kl_in=reward``, subtracted from
-    the advantage as a per-token k1 penalty.
+    the advantage as a per-token k1 penalty. ``prox_kl_coef`` adds k3 KL(π_θ‖π_old) against the
+    proximal log-probs ``old_logprobs`` (ReMix; 0 on the first pass over a batch, where θ = old).
     """
     if cfg.beta > 0 and ref_logprobs is None:
         raise ValueError("objective.beta > 0 needs reference log-probs")
@@ -276,4 +279,8 @@ def policy_loss(
         metrics["kl"] = aggregate(kl.detach(), trained_mask, "token_mean")
     elif cfg.beta > 0:
         metrics["kl"] = aggregate((policy_logprobs - ref_logprobs).detach(), trained_mask, "token_mean")
+    if cfg.prox_kl_coef > 0:  # ReMix: the proximal half of β[½KL(π_θ‖π_old) + ½KL(π_θ‖π_ref)], k3
+        kl_prox = kl_penalty(policy_logprobs, old_logprobs.detach(), "k3")
+        per_token = per_token + cfg.prox_kl_coef * kl_prox
+        metrics["kl_prox"] = aggregate(kl_prox.detach(), trained_mask, "token_mean")
     return (per_token * loss_weights).sum(), metrics

@@ -9,6 +9,7 @@ writer purges events after a resumed checkpoint instead).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,14 +18,21 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-IGNORED_KEYS = ("wall_seconds", "name")
+from rollwise.train.pipeline import TIMING_METRICS
+
+IGNORED_KEYS = ("wall_seconds", "name", *TIMING_METRICS)
 
 
 def _clean(record):
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):  # async batches in pipeline.pt
+        record = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
     if isinstance(record, dict):
-        return {k: _clean(v) for k, v in record.items() if not k.startswith("time/") and k not in IGNORED_KEYS}
-    if isinstance(record, list):
+        return {k: _clean(v) for k, v in record.items()
+                if not (isinstance(k, str) and k.startswith("time/")) and k not in IGNORED_KEYS}
+    if isinstance(record, (list, tuple)):
         return [_clean(v) for v in record]
+    if isinstance(record, set):
+        return sorted(record)
     return record
 
 
@@ -48,7 +56,7 @@ def load_for_compare(path: Path):
     if path.suffix == ".safetensors":
         return load_file(str(path))
     if path.suffix == ".pt":
-        return torch.load(path, weights_only=False)
+        return _clean(torch.load(path, weights_only=False))
     return path.read_bytes()
 
 

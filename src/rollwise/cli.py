@@ -125,20 +125,24 @@ def eval_(
 
 
 @app.command("list")
-def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives | strategies | controllers | all")] = "all"):
-    """What this install knows: tasks, rewards, objectives, rollout strategies, controllers."""
+def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives | strategies | controllers | replay | all")] = "all"):
+    """What this install knows: tasks, rewards, objectives, rollout strategies, controllers, replay methods."""
     from rollwise.control import CONTROLLERS
     from rollwise.filter.registry import builtin_rewards
     from rollwise.generate import STRATEGIES
-    from rollwise.optim.objective import PRESETS
+    from rollwise.replay import REPLAY_METHODS
+    from rollwise.optim.objective import PRESETS, ObjectiveConfig
     from rollwise.tasks.registry import TASKS
 
     tables = {
         "tasks": {name: (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "" for name, cls in TASKS.items()},
         "rewards": {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in builtin_rewards().items()},
-        "objectives": {name: ", ".join(f"{k}={v}" for k, v in preset.items()) for name, preset in PRESETS.items()},
+        "objectives": {name: ", ".join(f"{k}={v}" for k, v in preset.items())
+                       + ("  (off-policy: yes)" if ObjectiveConfig(method=name).corrects_off_policy
+                          else "  (off-policy: no, tis_mode=none)") for name, preset in PRESETS.items()},
         "strategies": STRATEGIES,
         "controllers": CONTROLLERS,
+        "replay": REPLAY_METHODS,
     }
     if what != "all" and what not in tables:
         console.print(f"[red]error:[/] unknown list '{what}'; choose one of {', '.join(tables)}, all")
@@ -199,6 +203,15 @@ def bench_control(json_path: JsonOpt = None, set_: SetOpt = None):
     from rollwise.bench.control import run_control_bench
 
     _report(run_control_bench(overrides=set_ or [], console=console, json_path=json_path), json_path)
+
+
+@bench_app.command("async")
+@friendly_errors
+def bench_async(json_path: JsonOpt = None, set_: SetOpt = None):
+    """Sync vs async (max_staleness 1, 2) and replay vs none: wall time, accuracy at equal steps and wall, staleness."""
+    from rollwise.bench.overlap import run_async_bench
+
+    _report(run_async_bench(overrides=set_ or [], console=console, json_path=json_path), json_path)
 
 
 @bench_app.command("sandbox")

@@ -70,6 +70,8 @@ PRESETS: dict[str, dict] = {
     "high_entropy_steps": {"top_entropy_quantile": 0.2, "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
     "ace": {"shaping": ["ace"], "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
     "novelty_sharpen": {"shaping": ["novelty_sharpen"], "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
+    # AReaL's decoupled PPO: clip r = π_θ/π_prox, weight by sg(min(π_prox/μ, 2)) per token (train.mode=async)
+    "decoupled_ppo": {"scale_rewards": "group", "loss_agg": "token_mean", "tis_mode": "token_truncate", "tis_cap": 2.0},
 }
 PRESETS["dapo_clip_higher"] = PRESETS["dapo"]  # the catalogue's ids for the same presets
 PRESETS["sapo_gate"] = PRESETS["sapo"]
@@ -121,6 +123,13 @@ class ObjectiveConfig(StrictModel):
             if data.get("tis_cap") is None:
                 data["tis_cap"] = 2.0 if str(data.get("tis_mode", "")).startswith("token") else 3.0
         return data
+
+    @property
+    def corrects_off_policy(self) -> bool:
+        """Valid on data sampled by an older policy (async, replay): the ratio is taken against the
+        proximal policy (the weights before this update) and ``tis_mode`` weights the
+        behaviour/proximal gap (the decoupled PPO objective of AReaL)."""
+        return self.tis_mode != "none"
 
     @property
     def needs_reference(self) -> bool:

@@ -88,7 +88,8 @@ def policy_update(
         if "ace" in objective.shaping:
             batch.advantages, shaping = ace_shift(batch, ref_full)
     n_rows = len(batch)
-    skippable = skip_zero_advantage and objective.beta == 0 and objective.top_entropy_quantile >= 1
+    skippable = (skip_zero_advantage and objective.beta == 0 and objective.prox_kl_coef == 0
+                 and objective.top_entropy_quantile >= 1)
     keep = rows_with_signal(batch) if skippable else torch.ones(n_rows, dtype=torch.bool, device=device)
     rows = keep.nonzero().squeeze(-1)
     work = batch.select(rows) if len(rows) else None

@@ -32,7 +32,8 @@ from rollwise.config import ConfigError
 
 
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state: dict, keep: int,
-                    generator_state: dict | None = None, control_state: dict | None = None) -> Path:
+                    generator_state: dict | None = None, control_state: dict | None = None,
+                    queued: list | None = None, replay_state: dict | None = None, reference=None) -> Path:
     root = run_dir / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"  # written in full, then renamed: a kill never leaves half a checkpoint
@@ -50,6 +51,13 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state
         torch.save(generator_state, tmp / "generator.pt")
     if control_state is not None:
         torch.save(control_state, tmp / "controller.pt")
+    if queued is not None:  # async: scored batches generated ahead, not trained yet
+        torch.save({"queued": queued}, tmp / "pipeline.pt")
+    if replay_state is not None:  # the replay buffer's groups and the method's counters
+        torch.save(replay_state, tmp / "replay.pt")
+    if reference is not None:  # a reference model moved during the run (ReMix's reincarnation)
+        weights, aliases = unique_weights(reference.state_dict())
+        save_file(weights, str(tmp / "reference.safetensors"), metadata={"aliases": json.dumps(aliases)})
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in sorted(root.glob("step_*"))[:-keep]:
@@ -88,7 +96,15 @@ def tied_groups(state: dict[str, torch.Tensor]) -> list[list[str]]:
     return list(groups.values())
 
 
-def load_weights(path: Path, model) -> None:
+def load_reference(path: Path, model) -> bool:
+    """Load a checkpoint's moved reference model (``reference.safetensors``) into ``model``; False if none."""
+    if not (path / "reference.safetensors").exists():
+        return False
+    load_weights(path, model, "reference.safetensors")
+    return True
+
+
+def load_weights(path: Path, model, name: str = "model.safetensors") -> None:
     """Copy ``model.safetensors`` into ``model``'s tensors in place, one tensor at a time.
 
     In place, ties hold by construction: a tied ``lm_head.weight`` is the embedding, filled
@@ -98,7 +114,7 @@ def load_weights(path: Path, model) -> None:
     the model has one) is a ConfigError naming what differs.
     """
     targets = model.state_dict()
-    with safe_open(str(path / "model.safetensors"), "pt") as f:
+    with safe_open(str(path / name), "pt") as f:
         stored = set(f.keys())
         aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
         source = {n: n for n in stored} | {a: n for a, n in aliases.items() if n in stored}
@@ -140,6 +156,18 @@ def load_generator_state(path: Path) -> dict | None:
     """The rollout strategy's saved state (plain lists, dicts and tensors), or None."""
     file = path / "generator.pt"
     return torch.load(file, weights_only=True) if file.exists() else None
+
+
+def load_pipeline_state(path: Path) -> list:
+    """The async batches a checkpoint holds (``Collected`` records, generated but not trained), or []."""
+    file = path / "pipeline.pt"
+    return torch.load(file, weights_only=False)["queued"] if file.exists() else []
+
+
+def load_replay_state(path: Path) -> dict:
+    """The replay method's saved state (``replay.pt``), or {}."""
+    file = path / "replay.pt"
+    return torch.load(file, weights_only=False) if file.exists() else {}
 
 
 def load_control_state(path: Path) -> dict | None:

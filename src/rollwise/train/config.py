@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from rollwise.config import StrictModel, apply_overrides, load_yaml, validate
 from rollwise.control import ControlConfig
+from rollwise.replay import ReplayConfig, remix_objective
 from rollwise.filter.sandbox.config import SandboxConfig
 from rollwise.generate import STRATEGIES
 from rollwise.generate.april import AprilConfig
@@ -74,6 +75,15 @@ class TrainConfig(StrictModel):
     max_minutes: float | None = Field(None, gt=0, description="stop RL after this wall time (then eval and save)")
     max_generated_tokens: int | None = Field(
         None, ge=1, description="stop RL once the engine has sampled this many tokens (equal-compute comparisons)")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: generate, then update, in turn; async: a producer thread with its own copy of the "
+        "weights generates ahead while the policy updates (train/pipeline.py)")
+    max_staleness: int = Field(1, ge=0, description="async: batch s is sampled by policy version s - k, so a trained "
+                               "token is at most k versions old (0 reproduces mode: sync)")
+    generation_threads: int | None = Field(
+        None, ge=1, description="async: torch threads of the generation side (null: half the cores, at least 1)")
+    update_threads: int | None = Field(
+        None, ge=1, description="async: torch threads of the update side (null: = generation_threads)")
 
 
 class RewardConfig(StrictModel):
@@ -97,6 +107,8 @@ class RunConfig(StrictModel):
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig,
+                                 description="what is kept and trained on again (`rollwise list replay`)")
 
     @model_validator(mode="before")
     @classmethod
@@ -104,6 +116,16 @@ class RunConfig(StrictModel):
         # `--set task.max_digits=3` on the default task should not need `task.name=arith`
         if isinstance(data, dict) and isinstance(data.get("task"), dict) and "name" not in data["task"]:
             data = {**data, "task": {"name": "arith", **data["task"]}}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _remix_objective(cls, data):
+        # replay.method=remix brings its KL-convex constraint: objective.beta and prox_kl_coef = β/2 unless set
+        if isinstance(data, dict) and isinstance(data.get("replay"), dict) and data["replay"].get("method") == "remix":
+            fill = remix_objective(ReplayConfig.model_validate(data["replay"]))
+            objective = dict(data.get("objective") or {})
+            data = {**data, "objective": {**fill, **{k: v for k, v in objective.items() if v is not None}}}
         return data
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import shutil
 import time
@@ -37,15 +38,21 @@ from rollwise.model.packed import supports_packing
 from rollwise.optim.batch import build_batch
 from rollwise.optim.objective import assign_advantages
 from rollwise.optim.update import policy_update
+from rollwise.replay import build_replay
+from rollwise.replay import check_composition as check_replay
 from rollwise.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     load_control_state,
     load_generator_state,
+    load_pipeline_state,
+    load_reference,
+    load_replay_state,
     save_checkpoint,
 )
 from rollwise.train.config import RunConfig
 from rollwise.train.metrics import MetricsLog
+from rollwise.train.pipeline import Pipeline
 from rollwise.train.sft import sft
 from rollwise.types import Prompt, RolloutGroup
 
@@ -60,6 +67,7 @@ class TrainState:
     wall_seconds: float = 0.0  # RL wall time, summed over sessions of a resumed run
     initial_accuracy: float | None = None
     last_accuracy: float | None = None
+    reference_moved_at: int | None = None  # the step the reference model became the policy (ReMix), if any
 
 
 def lr_lambda(cfg: RunConfig):
@@ -112,6 +120,26 @@ def packed_forward(choice: str, model) -> bool:
     return False
 
 
+def async_threads(cfg: RunConfig) -> int:
+    """The torch thread count of ``train.mode=async`` (both sides: torch's count is process-wide)."""
+    t = cfg.train
+    gen = t.generation_threads or max(1, (os.cpu_count() or 2) // 2)
+    upd = t.update_threads or gen
+    if gen != upd:
+        raise ConfigError(f"train.generation_threads={gen} and train.update_threads={upd} differ: in one process "
+                          "torch's intra-op thread count is process-wide, so both sides run with one count; set them "
+                          "equal (on N cores, N/2 each)")
+    if t.max_staleness > 0 and not cfg.objective.corrects_off_policy:
+        raise ConfigError(f"train.mode=async with max_staleness={t.max_staleness} trains on tokens sampled by older "
+                          "policies, but objective.tis_mode=none does not correct for it; set objective.tis_mode "
+                          "(e.g. token_truncate: objective.method=decoupled_ppo) or train.max_staleness=0")
+    if cfg.rollout.strategy == "april":
+        raise ConfigError("rollout.strategy=april with train.mode=async: APRIL carries partial rollouts into later "
+                          "steps, past the staleness bound; async already overlaps generation with the update — use "
+                          "rollout.strategy=group, tree or latr, or train.mode=sync")
+    return gen
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -122,8 +150,9 @@ class Trainer:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
         seed_everything(cfg.seed)
-        if cfg.model.threads:
-            torch.set_num_threads(cfg.model.threads)
+        threads = async_threads(cfg) if cfg.train.mode == "async" else cfg.model.threads
+        if threads:
+            torch.set_num_threads(threads)
         self.run_dir = Path(cfg.output_dir) / cfg.name
         self.sandbox = Sandbox(cfg.sandbox)  # the run's own: code tasks and rewards get it, close() stops it
         self.task = cfg.task.build(cfg.seed, self.sandbox)
@@ -141,8 +170,13 @@ class Trainer:
         self.sampling = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, self.stop_ids)
         self.stats = PromptStats()  # per-prompt running statistics the controller reads
         self.set_controller(build_controller(cfg.control, r, cfg.seed, embed=self.embed_prompts))
+        check_replay(cfg.replay, r)
+        self.replay = build_replay(cfg.replay, seed=cfg.seed, prompts_per_step=r.prompts_per_step,
+                                   total_steps=cfg.train.steps)
         self.eval_prompts = [self.tokenize(p) for p in self.task.eval[: cfg.train.eval_size]]
         self.state = TrainState()
+        self.pipeline: Pipeline | None = None  # train.mode=async: the producer thread (started by step())
+        self.queued: list[Collected] = []  # async: batches a resumed checkpoint holds, generated but untrained
         self.ref_model = None
         self.log: MetricsLog | None = None
         self.stopped_by: str | None = None  # the limit that ended the last fit()
@@ -184,41 +218,70 @@ class Trainer:
         """[N, d] normalised prompt embeddings under the policy (difficulty_select's similarity)."""
         from rollwise.control.difficulty import prompt_embeddings
 
-        return prompt_embeddings(self.model, prompts, self.tokenizer.pad_token_id)
+        model = self.pipeline.model if self.pipeline is not None else self.model  # async: the producer's copy
+        return prompt_embeddings(model, prompts, self.tokenizer.pad_token_id)
 
-    def generate_and_score(self, prompts: list[Prompt], budgets: list[int], clock: "Clock",
-                           salt: int = 0) -> tuple[list[RolloutGroup], dict[str, float], int]:
-        """One round: generate ``budgets[i]`` rollouts of ``prompts[i]`` (prompts with 0 skipped), score them,
-        record them in ``PromptStats``; returns (groups, metrics, tokens the engine sampled)."""
-        cfg, before = self.cfg, self.engine.stats.decode_tokens
+    def generate_and_score(self, prompts: list[Prompt], budgets: list[int], clock: "Clock", salt: int = 0, *,
+                           step: int | None = None, engine=None) -> tuple[list[RolloutGroup], dict[str, float], int]:
+        """One round for training step ``step`` (default: the current one) on ``engine`` (default: the
+        trainer's): generate ``budgets[i]`` rollouts of ``prompts[i]`` (prompts with 0 skipped), score
+        them, record them in ``PromptStats``; returns (groups, metrics, tokens the engine sampled)."""
+        cfg = self.cfg
+        step = self.state.step if step is None else step
+        engine = engine or self.engine
+        before = engine.stats.decode_tokens
         kept = [(p, b) for p, b in zip(prompts, budgets) if b > 0]
         prompts, budgets = [p for p, _ in kept], [b for _, b in kept]
         # an extra round samples with its own seed, fixed by (step seed, round)
-        seed = self.step_seed() if salt == 0 else hash((self.step_seed(), salt)) & (2**62 - 1)
-        groups, metrics = self.generator.generate(self.engine, prompts, budgets, seed=seed)
-        sampled = self.engine.stats.decode_tokens - before  # every token the engine sampled, once
+        seed = self.step_seed(step) if salt == 0 else hash((self.step_seed(step), salt)) & (2**62 - 1)
+        groups, metrics = self.generator.generate(engine, prompts, budgets, seed=seed)
+        sampled = engine.stats.decode_tokens - before  # every token the engine sampled, once
         clock.lap("generate")
         metrics |= score_groups(groups, self.reward_fns)
         if cfg.objective.overlong_shaping:
             metrics |= add_overlong_penalty(groups, cfg.rollout.max_new_tokens)
         for g in groups:
-            self.stats.observe(g, self.state.step)
+            self.stats.observe(g, step)
         clock.lap("score")
         return groups, metrics, sampled
 
     # -- the step ---------------------------------------------------------------------------
     def step(self) -> dict[str, float]:
+        """One step. Sync: collect this step's groups with the current policy, then train on them.
+        Async: train on the batch the producer made ahead (starting it on the first call), then
+        publish the new weights to it."""
+        if self.cfg.train.mode == "async":
+            if self.pipeline is None:
+                self.pipeline = Pipeline(self, self.cfg.train.max_staleness, self.queued)
+                self.queued = []
+                self.pipeline.start()
+            self.publish()
+            batch, waited = self.pipeline.take(self.state.step)
+            metrics = self.train_on(batch, waited)
+            return metrics | self.pipeline.metrics(self.state.step)
+        batch = self.collect(self.state.step, self.state.cursor, self.engine)
+        self.state.cursor = batch.cursor
+        return self.train_on(batch)
+
+    def collect(self, step: int, cursor: int, engine) -> "Collected":
+        """Generate → Filter → Control for training step ``step``, reading the train stream from
+        ``cursor``, sampling on ``engine``: select, allocate, generate and score, extra rounds,
+        accept and refill. Touches the controller, ``PromptStats`` and the generator, never the
+        policy being trained (async mode runs this on the producer thread)."""
         cfg, clock, control, stats = self.cfg, Clock(), self.controller, self.stats
-        control.step, source = self.state.step, self.prompt_source()
-        prompts = control.select_prompts(source, stats, self.prompts_wanted())
+        control.step, source = step, PromptCursor(self.task.train, cursor, self.tokenize)
+        version, wanted = engine.version, self.prompts_wanted()
+        if cfg.train.mode == "sync":  # replay serves part of the batch: fewer fresh prompts (async: on top)
+            wanted = self.replay.fresh_prompts(wanted, step)
+        prompts = control.select_prompts(source, stats, wanted)
         budget = cfg.rollout.num_generations * len(prompts)
         budgets = control.allocate(prompts, stats, budget)
-        reuse = self.keep_prompt_prefixes(len(prompts))
-        groups, metrics, sampled = self.generate_and_score(prompts, budgets, clock)
+        reuse = self.keep_prompt_prefixes(len(prompts), engine)
+        groups, metrics, sampled = self.generate_and_score(prompts, budgets, clock, step=step, engine=engine)
         tokens = [sampled]
 
         def another_round(prompts, budgets, salt):  # extra rounds: extend (xrpo, dars), refill (dynamic sampling)
-            more, _, sampled = self.generate_and_score(prompts, budgets, clock, salt)
+            more, _, sampled = self.generate_and_score(prompts, budgets, clock, salt, step=step, engine=engine)
             tokens.append(sampled)
             return more, sampled
 
@@ -226,16 +289,29 @@ class Trainer:
         groups, refill = accept_and_refill(control, stats, source, groups, another_round, len(prompts),
                                            cfg.rollout.num_generations)
         if reuse is not None:
-            self.engine.keep_prefixes(0)
-            metrics["control/prefix_reused_tokens"] = float(self.engine.stats.prefix_cache_tokens - reuse)
+            engine.keep_prefixes(0)
+            metrics["control/prefix_reused_tokens"] = float(engine.stats.prefix_cache_tokens - reuse)
         control.observe_step(groups, stats)
-        self.state.cursor = source.cursor
-        metrics |= assign_advantages(groups, cfg.objective)
-        batch = build_batch(groups, self.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
+        metrics |= refill | control.metrics() | clock.metrics()
+        return Collected(step, groups, metrics, sum(tokens), version, source.cursor)
+
+    def train_on(self, batch: "Collected", waited: float = 0.0) -> dict[str, float]:
+        """Optimize on a collected batch: advantages, the policy update, the new weights to the engine."""
+        cfg, start = self.cfg, time.perf_counter()
+        step, metrics = self.state.step, dict(batch.metrics)
+        metrics |= assign_advantages(batch.groups, cfg.objective)  # within the groups as sampled
+        # replay: the groups to train (fresh and kept ones, with their own log-probs, versions, advantages)
+        groups, replayed = self.replay.compose(batch.groups, step=step, version=step)
+        metrics |= replayed
+        if self.replay.reincarnate(step) and self.ref_model is not None:  # ReMix: the reference moves to π_θ
+            self.ref_model.load_state_dict(self.model.state_dict())
+            self.state.reference_moved_at = step
+        tensors = build_batch(groups, self.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
         o, r = cfg.optim, cfg.rollout
+        passes = max(o.num_iterations, self.controller.update_epochs, self.replay.updates(step))
         metrics |= policy_update(
-            self.model, self.optimizer, batch, cfg.objective, micro_batch_size=o.micro_batch_size,
-            num_iterations=max(o.num_iterations, control.update_epochs), max_grad_norm=o.max_grad_norm,
+            self.model, self.optimizer, tensors, cfg.objective, micro_batch_size=o.micro_batch_size,
+            num_iterations=passes, max_grad_norm=o.max_grad_norm,
             max_len=r.max_new_tokens, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
             ref_model=self.ref_model, skip_zero_advantage=o.skip_zero_advantage, logits_budget_mb=o.logits_budget_mb,
             packed=self.packed,
@@ -243,23 +319,34 @@ class Trainer:
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the LR this step trained with
         self.scheduler.step()  # once per training step, however many iterations the update ran
         self.engine.load_weights(self.model)  # in-process: parameters are shared, only the version moves
-        clock.lap("update")
+        update = time.perf_counter() - start
         self.state.step += 1
-        self.state.generated_tokens += sum(tokens)
-        return metrics | refill | control.metrics() | rollout_metrics(groups) | clock.metrics() | {
-            "tokens/generated": float(sum(tokens)), "tokens/total": self.state.generated_tokens}
+        self.state.generated_tokens += batch.tokens
+        metrics |= staleness_metrics(groups, self.state.step - 1)
+        if batch.version != self.state.step - 1 or waited:  # async: the batch was sampled ahead, concurrently
+            metrics |= {"time/update": update, "time/wait": waited, "time/step": update + waited}
+        else:
+            metrics |= {"time/update": update, "time/step": metrics.get("time/step", 0.0) + update}
+        return metrics | rollout_metrics(groups) | {
+            "tokens/generated": float(batch.tokens), "tokens/total": self.state.generated_tokens}
 
-    def keep_prompt_prefixes(self, n: int) -> int | None:
-        """For a controller that extends (XRPO, DARS): the engine keeps this step's ``n`` prompt
+    def publish(self) -> None:
+        """Async: hand the weights of the current step to the producer (``fit`` does it after the
+        step's eval and checkpoint, so a checkpoint at step s always holds batches s … s+k−1)."""
+        if self.pipeline is not None:
+            self.pipeline.publish(self.state.step)
+
+    def keep_prompt_prefixes(self, n: int, engine) -> int | None:
+        """For a controller that extends (XRPO, DARS): ``engine`` keeps this step's ``n`` prompt
         prefixes, so an extra round for a prompt copies its cached prefix instead of prefilling
         it again (until the step's end). Returns the engine's reused-token count so far, or None."""
-        if not self.controller.extends or not hasattr(self.engine, "keep_prefixes"):
+        if not self.controller.extends or not hasattr(engine, "keep_prefixes"):
             return None
-        self.engine.keep_prefixes(n)
-        return self.engine.stats.prefix_cache_tokens
+        engine.keep_prefixes(n)
+        return engine.stats.prefix_cache_tokens
 
-    def step_seed(self) -> int:
-        return self.cfg.seed * 1_000_003 + self.state.step
+    def step_seed(self, step: int | None = None) -> int:
+        return self.cfg.seed * 1_000_003 + (self.state.step if step is None else step)
 
     # -- around the step --------------------------------------------------------------------
     def evaluate(self) -> EvalResult:
@@ -284,6 +371,8 @@ class Trainer:
             control = load_control_state(ckpt) or {}
             self.controller.load_state_dict(control.get("controller", {}))
             self.stats.load_state_dict(control.get("stats", {}))
+            self.queued = load_pipeline_state(ckpt)
+            self.replay.load_state_dict(load_replay_state(ckpt))
         else:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
             # a fresh run in an existing directory starts over: nothing stale may be resumed later
@@ -300,6 +389,8 @@ class Trainer:
         if self.cfg.objective.needs_reference:  # the frozen reference is the RL starting point
             self.ref_model = type(self.model).from_pretrained(self.init_model_dir(), dtype=self.model.dtype)
             self.ref_model.to(self.engine.device).eval()
+            if ckpt is not None and self.state.reference_moved_at is not None:
+                load_reference(ckpt, self.ref_model)
         self.log = MetricsLog(self.run_dir, resume_from_step=self.state.step if ckpt else None)
 
     def save_init_model(self) -> None:
@@ -328,12 +419,24 @@ class Trainer:
         return result
 
     def checkpoint(self) -> Path:
-        control = None
-        if self.cfg.control.method != "none":  # the run without control keeps its checkpoint layout
-            control = {"controller": self.controller.state_dict(), "stats": self.stats.state_dict()}
-        return save_checkpoint(self.run_dir, self.state.step, self.model, self.optimizer, self.scheduler,
-                               asdict(self.state), self.cfg.train.keep_checkpoints, self.generator.state_dict() or None,
-                               control)
+        """Save everything a resumed run needs, atomically. Async: first hold the producer at a batch
+        boundary with every batch that needs an older policy version made; those generated but not
+        yet trained batches are saved too (``pipeline.pt``), with the producer's data cursor."""
+        queued = None
+        if self.pipeline is not None:
+            queued, self.state.cursor = self.pipeline.barrier(self.state.step)
+        try:
+            control = None
+            if self.cfg.control.method != "none":  # the run without control keeps its checkpoint layout
+                control = {"controller": self.controller.state_dict(), "stats": self.stats.state_dict()}
+            return save_checkpoint(self.run_dir, self.state.step, self.model, self.optimizer, self.scheduler,
+                                   asdict(self.state), self.cfg.train.keep_checkpoints,
+                                   self.generator.state_dict() or None, control, queued,
+                                   self.replay.state_dict() if self.cfg.replay.method != "none" else None,
+                                   self.ref_model if self.state.reference_moved_at is not None else None)
+        finally:
+            if self.pipeline is not None:
+                self.pipeline.release()
 
     def fit(self, until: Until | None = None, on_step: Callable[[int, dict], None] | None = None,
             on_eval: Callable[[int, EvalResult], None] | None = None) -> dict:
@@ -368,12 +471,29 @@ class Trainer:
                     on_eval(step, result)
             if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or last:
                 self.checkpoint()
+            if not last:
+                self.publish()
+        self.stop_pipeline()
         summary = self.summary()
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
+    def stop_pipeline(self) -> None:
+        """Async: let the producer finish the batches the next step may need, stop it at a batch
+        boundary and keep what it queued (a later ``step()`` starts a new producer from there)."""
+        if self.pipeline is None:
+            return
+        try:
+            self.queued, self.state.cursor = self.pipeline.barrier(self.state.step)
+        finally:
+            self.pipeline.stop()
+            self.pipeline = None
+
     def close(self) -> None:
-        """Flush the logs and stop what the run started (the sandbox's workers)."""
+        """Flush the logs and stop what the run started (the async producer, the sandbox's workers)."""
+        if self.pipeline is not None:  # stopped without waiting for more batches
+            self.pipeline.stop()
+            self.pipeline = None
         if self.log is not None:
             self.log.close()
         self.sandbox.close()
@@ -390,7 +510,31 @@ class Trainer:
             "initial_accuracy": s.initial_accuracy, "final_accuracy": s.last_accuracy, "steps": s.step,
             "wall_seconds": round(s.wall_seconds, 2), "generated_tokens": s.generated_tokens, "seed": self.cfg.seed,
             "task": self.task.name, "method": self.cfg.objective.method,
-        } | ({"control": self.cfg.control.method} if self.cfg.control.method != "none" else {})
+        } | ({"control": self.cfg.control.method} if self.cfg.control.method != "none" else {}) | (
+            {"replay": self.cfg.replay.method} if self.cfg.replay.method != "none" else {}) | (
+            {"mode": "async", "max_staleness": self.cfg.train.max_staleness} if self.cfg.train.mode == "async" else {})
+
+
+@dataclass
+class Collected:
+    """A training step's groups, scored, as Collect hands them to Optimize (async: through the queue)."""
+
+    step: int  # the training step they are for
+    groups: list[RolloutGroup]
+    metrics: dict[str, float]  # the collection's own (strategy, filter, control, time/generate, time/score)
+    tokens: int  # tokens the engine sampled for them
+    version: int  # policy version of the engine when collection started
+    cursor: int  # the train stream's data cursor after them
+
+
+def staleness_metrics(groups: list[RolloutGroup], version: int) -> dict[str, float]:
+    """How many versions behind ``version`` (the policy being updated) the trained tokens were sampled."""
+    ages = [version - v for g in groups for r in g.rollouts for v in r.versions]
+    if not ages:
+        return {}
+    counts = np.bincount(np.asarray(ages, dtype=np.int64).clip(min=0))
+    return {"staleness/mean": float(np.mean(ages)), "staleness/max": float(max(ages))} | {
+        f"staleness/share_{k}": float(c) / len(ages) for k, c in enumerate(counts) if c}
 
 
 class Clock:

@@ -1,0 +1,231 @@
+"""``rollwise bench async``: synchronous vs asynchronous training, and replay against no replay.
+
+One SFT warm start of the demo's task (``arith``, the ``tiny`` preset) is shared by every arm.
+Each arm runs GRPO from it for every seed in ``seeds`` for the same number of steps (so the
+same number of trained groups), evaluating greedy accuracy every ``eval_every`` steps; arms
+run one after another in one process (never two at once: each has the whole machine), their
+order rotated per seed so drift on a shared machine spreads over all of them.
+
+Arms: ``sync`` (``train.mode: sync``, torch on every core — the baseline), ``async1`` and
+``async2`` (``train.mode: async``, ``max_staleness`` 1 and 2; ``generation_threads`` =
+``update_threads`` = half the cores), and one arm per replay method (``rollout_replay``,
+``remix``, ``rorecomp``; sync mode, same threads as ``sync``).
+
+Reported per arm (mean over seeds, spread = max − min):
+
+- wall time to ``steps`` trained steps, and its ratio to ``sync`` (per seed, then averaged);
+- eval accuracy at equal steps (the last eval) and at equal wall time (each arm's last eval
+  at or before the fastest arm's finishing time, per seed);
+- the staleness histogram of trained tokens (share at 0, 1, 2 versions behind);
+- generation and update idle fractions (async: each side's waiting time / wall time);
+- for replay arms: generated tokens to reach the ``sync`` arm's final accuracy, as a ratio to
+  the tokens ``sync`` itself took (the control bench's definition).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field
+from rich.table import Table
+
+from rollwise.bench.control import tokens_to_reach
+from rollwise.bench.engine import _quiet_transformers
+from rollwise.config import StrictModel, apply_overrides, validate
+
+REPLAY_ARMS = ("rollout_replay", "remix", "rorecomp")
+ARMS = ("sync", "async1", "async2", *REPLAY_ARMS)
+
+
+class AsyncBenchConfig(StrictModel):
+    """Settings of ``rollwise bench async`` (override with ``--set key=value``)."""
+
+    arms: list[Literal[ARMS]] = Field(list(ARMS), min_length=1, description="arms to run (sync = the baseline)")
+    seeds: list[int] = Field([0, 1, 2], min_length=1, description="RL seeds per arm")
+    steps: int = Field(40, ge=1, description="trained steps per run (equal trained groups across arms)")
+    eval_every: int = Field(10, ge=1, description="evaluate every N steps (and at the end)")
+    eval_size: int = Field(200, ge=1, description="held-out prompts for greedy accuracy")
+    preset: str = Field("tiny", description="model preset (random init, then SFT)")
+    sft_steps: int = Field(500, ge=0, description="SFT warm-start steps (the demo's)")
+    max_digits: int = Field(5, ge=1, description="arith operand digits up to this (the demo's)")
+    max_new_tokens: int = Field(96, ge=1, description="completion limit (the demo's)")
+    num_generations: int = Field(8, ge=2, description="rollouts per prompt")
+    prompts_per_step: int = Field(16, ge=1, description="groups per step")
+    lr: float = Field(3e-5, gt=0, description="GRPO learning rate")
+    sync_threads: int = Field(0, ge=0, description="torch threads of sync and replay arms (0 = every core)")
+    async_threads: int = Field(0, ge=0, description="torch threads of each async side (0 = half the cores)")
+
+
+def load_async_bench_config(overrides: list[str]) -> AsyncBenchConfig:
+    return validate(AsyncBenchConfig, apply_overrides({}, list(overrides)))
+
+
+def run_async_bench(overrides: list[str], console, json_path: Path | None = None) -> dict:
+    cfg = load_async_bench_config(overrides)
+    cores = os.cpu_count() or 2
+    sync_threads = cfg.sync_threads or cores
+    async_threads = cfg.async_threads or max(1, cores // 2)
+    threads = torch.get_num_threads()
+    try:
+        with _quiet_transformers(), torch.random.fork_rng(), tempfile.TemporaryDirectory() as tmp:
+            torch.set_num_threads(sync_threads)
+            warm = _warm_start(cfg, Path(tmp), console)
+            out = {"settings": cfg.model_dump(), "cores": cores, "sync_threads": sync_threads,
+                   "async_threads": async_threads, "runs": {arm: [] for arm in cfg.arms}}
+            for i, seed in enumerate(cfg.seeds):
+                order = cfg.arms[i % len(cfg.arms):] + cfg.arms[: i % len(cfg.arms)]  # rotate the order per seed
+                for arm in order:
+                    out["runs"][arm].append(_run(cfg, arm, seed, warm, Path(tmp), sync_threads, async_threads,
+                                                 console))
+                    out["table"] = summarize(out["runs"], cfg.arms)
+                    if json_path is not None:  # a long run keeps what it measured so far
+                        json_path.write_text(json.dumps(out, indent=2))
+            _print(console, cfg, out)
+            return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sets(cfg: AsyncBenchConfig) -> list[str]:
+    return ["task.name=arith", f"task.max_digits={cfg.max_digits}", f"task.eval_size={cfg.eval_size}",
+            f"rollout.max_new_tokens={cfg.max_new_tokens}", f"model.preset={cfg.preset}"]
+
+
+def _warm_start(cfg: AsyncBenchConfig, tmp: Path, console) -> Path:
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+
+    with console.status(f"SFT warm start ({cfg.sft_steps} steps)"):
+        run = load_run_config(None, [f"output_dir={tmp}", "name=warm", "seed=0", *_sets(cfg),
+                                     f"sft.steps={cfg.sft_steps}", "train.steps=0",
+                                     f"model.threads={torch.get_num_threads()}"])
+        with Trainer(run) as trainer:
+            trainer.prepare()
+    return trainer.run_dir / "init_model"
+
+
+def arm_sets(arm: str, sync_threads: int, async_threads: int) -> list[str]:
+    """The config lines that make an arm what it is."""
+    if arm.startswith("async"):
+        return ["train.mode=async", f"train.max_staleness={arm[len('async'):]}",
+                f"train.generation_threads={async_threads}", f"train.update_threads={async_threads}"]
+    lines = [f"model.threads={sync_threads}"]
+    return lines + ([f"replay.method={arm}"] if arm in REPLAY_ARMS else [])
+
+
+def _run(cfg: AsyncBenchConfig, arm: str, seed: int, warm: Path, tmp: Path, sync_threads: int, async_threads: int,
+         console) -> dict:
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+
+    run = load_run_config(None, [
+        f"output_dir={tmp}", f"name={arm}_{seed}", f"seed={seed}", *_sets(cfg),
+        f"model.path={warm}", "sft.steps=0", "rollout.strategy=group", f"rollout.num_generations={cfg.num_generations}",
+        f"rollout.prompts_per_step={cfg.prompts_per_step}", "objective.method=grpo", f"optim.lr={cfg.lr}",
+        "optim.micro_batch_size=128", f"train.steps={cfg.steps}", f"train.eval_every={cfg.eval_every}",
+        "train.eval_samples=0", "train.log_samples=0", "train.checkpoint_every=0",
+        *arm_sets(arm, sync_threads, async_threads),
+    ])
+    curve, steps = [], []
+    with console.status(f"{arm}, seed {seed}") as status, Trainer(run) as trainer:
+        trainer.prepare()
+
+        def on_eval(step, result):
+            curve.append({"step": step, "wall": trainer.state.wall_seconds, "tokens": trainer.state.generated_tokens,
+                          "accuracy": result.accuracy})
+
+        def on_step(step, metrics):
+            steps.append({k: v for k, v in metrics.items() if k.startswith(("staleness/", "async/", "replay/", "time/"))
+                          or k in ("tokens/generated",)})
+            status.update(f"{arm}, seed {seed}, step {step}/{cfg.steps}")
+
+        summary = trainer.fit(on_step=on_step, on_eval=on_eval)
+    return {"seed": seed, "curve": curve, "wall_seconds": summary["wall_seconds"],
+            "final_accuracy": summary["final_accuracy"], "initial_accuracy": summary["initial_accuracy"],
+            "generated_tokens": summary["generated_tokens"], "step_metrics": steps}
+
+
+def accuracy_at_wall(curve: list[dict], wall: float) -> float:
+    """The accuracy of the last eval at or before ``wall`` seconds (the first eval if none).
+
+    >>> accuracy_at_wall([{"wall": 0, "accuracy": .4}, {"wall": 10, "accuracy": .6}, {"wall": 20, "accuracy": .7}], 15)
+    0.6
+    """
+    seen = [c["accuracy"] for c in curve if c["wall"] <= wall + 1e-9]
+    return seen[-1] if seen else curve[0]["accuracy"]
+
+
+def staleness_histogram(step_metrics: list[dict]) -> dict[int, float]:
+    """Share of trained tokens sampled k versions behind, averaged over steps."""
+    keys = sorted({int(k.rsplit("_", 1)[1]) for m in step_metrics for k in m if k.startswith("staleness/share_")})
+    n = max(len(step_metrics), 1)
+    return {k: sum(m.get(f"staleness/share_{k}", 0.0) for m in step_metrics) / n for k in keys}
+
+
+def summarize(runs: dict[str, list[dict]], arms: list[str]) -> dict[str, dict]:
+    base = {r["seed"]: r for r in runs.get("sync", [])}
+    table = {}
+    for arm in arms:
+        rs = runs.get(arm) or []
+        if not rs:
+            continue
+        speed, at_wall, base_at_wall, token_ratios = [], [], [], []
+        for r in rs:
+            b = base.get(r["seed"])
+            if b is None:
+                continue
+            speed.append(b["wall_seconds"] / r["wall_seconds"])
+            wall = min(b["wall_seconds"], r["wall_seconds"])  # the faster run's finishing time
+            at_wall.append(accuracy_at_wall(r["curve"], wall))
+            base_at_wall.append(accuracy_at_wall(b["curve"], wall))
+            target = b["final_accuracy"]
+            mine = tokens_to_reach([(c["tokens"], c["accuracy"]) for c in r["curve"]], target)
+            theirs = tokens_to_reach([(c["tokens"], c["accuracy"]) for c in b["curve"]], target)
+            if mine is not None and theirs:
+                token_ratios.append(mine / theirs)
+        acc = [r["final_accuracy"] for r in rs]
+        last = [r["step_metrics"][-1] for r in rs if r["step_metrics"]]
+        idle = {side: statistics.mean(m.get(f"async/{side}_idle_s", 0.0) / r["wall_seconds"]
+                                      for m, r in zip(last, rs)) for side in ("generate", "update")}
+        table[arm] = {
+            "wall_seconds": statistics.mean(r["wall_seconds"] for r in rs),
+            "speedup_vs_sync": statistics.mean(speed) if speed else None, "speedups": speed,
+            "accuracy_mean": statistics.mean(acc), "accuracy_spread": max(acc) - min(acc), "accuracies": acc,
+            "accuracy_at_equal_wall": statistics.mean(at_wall) if at_wall else None,
+            "sync_accuracy_at_that_wall": statistics.mean(base_at_wall) if base_at_wall else None,
+            "initial_accuracy": rs[0]["initial_accuracy"],
+            "staleness": {str(k): v for k, v in staleness_histogram([m for r in rs for m in r["step_metrics"]]).items()},
+            "idle_fraction": idle,
+            "tokens_ratio": statistics.mean(token_ratios) if token_ratios else None, "reached": len(token_ratios),
+            "generated_tokens": statistics.mean(r["generated_tokens"] for r in rs), "seeds": len(rs),
+        }
+    return table
+
+
+def _print(console, cfg: AsyncBenchConfig, out: dict) -> None:
+    table = out["table"]
+    first = next(iter(table.values()))
+    t = Table(title=f"arith (demo), {cfg.steps} steps x {cfg.prompts_per_step} groups of {cfg.num_generations}, "
+                    f"{len(cfg.seeds)} seeds, greedy accuracy on {cfg.eval_size} held-out prompts (warm start "
+                    f"{first['initial_accuracy']:.1%}); {out['cores']} cores: sync {out['sync_threads']} threads, "
+                    f"async {out['async_threads']} + {out['async_threads']}")
+    for col in ("arm", "wall s", "speed-up vs sync", "acc. at equal steps", "± (half range)", "acc. at equal wall",
+                "sync there", "staleness 0/1/2", "idle gen/upd", "tokens to sync's final"):
+        t.add_column(col, justify="left" if col == "arm" else "right")
+    for arm, row in table.items():
+        st = row["staleness"]
+        ratio = "—" if row["tokens_ratio"] is None else f"{row['tokens_ratio']:.2f}x ({row['reached']}/{row['seeds']})"
+        t.add_row(arm, f"{row['wall_seconds']:.0f}",
+                  "—" if row["speedup_vs_sync"] is None else f"{row['speedup_vs_sync']:.2f}x",
+                  f"{row['accuracy_mean']:.1%}", f"{row['accuracy_spread'] / 2:.1%}",
+                  "—" if row["accuracy_at_equal_wall"] is None else f"{row['accuracy_at_equal_wall']:.1%}",
+                  "—" if row["sync_accuracy_at_that_wall"] is None else f"{row['sync_accuracy_at_that_wall']:.1%}",
+                  "/".join(f"{st.get(str(k), 0.0):.0%}" for k in range(3)),
+                  f"{row['idle_fraction']['generate']:.0%}/{row['idle_fraction']['update']:.0%}", ratio)
+    console.print(t)

@@ -29,3 +29,18 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def tiny():
     """(model, tokenizer): the tiny preset, matrices re-drawn (tests/tinymodel.py). Files may override."""
     return tiny_redrawn()
+
+
+@pytest.fixture(scope="session")
+def warm(tmp_path_factory):
+    """A tiny model after 150 SFT steps on 1-digit arith (its saved directory): its groups come
+    back mixed, so RL steps carry real gradients. Shared by the loop-level test files."""
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+
+    out = tmp_path_factory.mktemp("warm")
+    cfg = load_run_config(None, [f"output_dir={out}", "name=warm", "task.max_digits=1", "task.eval_size=8",
+                                 "model.threads=1", "sft.steps=150", "train.steps=0"])
+    with Trainer(cfg) as t:
+        t.prepare()
+    return out / "warm" / "init_model"

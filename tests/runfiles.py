@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -78,3 +83,26 @@ def assert_same_run(a: Path, b: Path) -> list[str]:
         else:
             assert _equal(left, right), rel
     return files
+
+
+def kill_and_resume(run_dir: Path, sets: list[str], kill_after: str) -> tuple[Path, Path]:
+    """Run ``rollwise train --set ...`` to the end as ``whole``; run it again as ``killed``,
+    SIGKILL it once ``checkpoints/<kill_after>`` exists, and ``--resume`` it to the end.
+    Returns the two run directories (under ``run_dir``) for ``assert_same_run``."""
+    cli = [sys.executable, "-m", "rollwise.cli", "train"]
+
+    def args(name):
+        return cli + sum((["--set", s] for s in [f"output_dir={run_dir}", f"name={name}", *sets]), [])
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    subprocess.run(args("whole"), check=True, capture_output=True, env=env, timeout=300)
+    proc = subprocess.Popen(args("killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 300
+    while not (run_dir / "killed" / "checkpoints" / kill_after).exists():
+        assert proc.poll() is None and time.time() < deadline, "run ended before its checkpoint"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL  # it died mid-run, not after finishing
+    assert not (run_dir / "killed" / "summary.json").exists()
+    subprocess.run(args("killed") + ["--resume"], check=True, capture_output=True, env=env, timeout=300)
+    return run_dir / "whole", run_dir / "killed"

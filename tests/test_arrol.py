@@ -2,7 +2,6 @@
 and ``abort`` leaves no completion; pruning inside generation keeps G of 2G per prompt, and the
 pruned rollouts are in no group; the probe learns a separable signal and only then prunes."""
 
-import pytest
 import torch
 
 from rollwise.control.arrol import Arrol, ArrolConfig, auc, balanced_keep

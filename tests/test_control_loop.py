@@ -19,17 +19,6 @@ from rollwise.train.loop import Trainer
 P, G = 4, 4
 
 
-@pytest.fixture(scope="module")
-def warm(tmp_path_factory):
-    """A tiny model after 150 SFT steps on 1-digit arith: its groups come back mixed."""
-    out = tmp_path_factory.mktemp("warm")
-    cfg = load_run_config(None, [f"output_dir={out}", "name=warm", "task.max_digits=1", "task.eval_size=8",
-                                 "model.threads=1", "sft.steps=150", "train.steps=0"])
-    with Trainer(cfg) as t:
-        t.prepare()
-    return out / "warm" / "init_model"
-
-
 def trainer_for(tmp_path, warm, *extra) -> Trainer:
     sets = [f"output_dir={tmp_path}", f"model.path={warm}", "task.max_digits=1", "task.eval_size=8",
             "model.threads=1", "train.eval_samples=0", f"rollout.prompts_per_step={P}",

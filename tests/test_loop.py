@@ -9,7 +9,6 @@
 """
 
 import copy
-import math
 
 import pytest
 import torch

@@ -6,14 +6,9 @@ strategy state and controller state (PromptStats included) — timings aside. On
 ``rollwise train`` process after a checkpoint and resumes it with ``--resume``.
 """
 
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
-from runfiles import assert_same_run
+from runfiles import assert_same_run, kill_and_resume
 
 from rollwise.train.config import load_run_config
 from rollwise.train.loop import Trainer
@@ -91,22 +86,6 @@ def test_the_file_comparison_sees_a_difference(tmp_path):
 
 def test_killed_process_resumes_like_the_uninterrupted_run(tmp_path):
     """SIGKILL a real `rollwise train` process after a checkpoint, then --resume it: same files."""
-    sets = [f"output_dir={tmp_path}", "train.steps=12", "train.checkpoint_every=2", "train.eval_every=5", *FAST]
-    cli = [sys.executable, "-m", "rollwise.cli", "train"]
-
-    def args(name):
-        return cli + sum((["--set", s] for s in [f"name={name}", *sets]), [])
-
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    subprocess.run(args("whole"), check=True, capture_output=True, env=env, timeout=300)
-    proc = subprocess.Popen(args("killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.time() + 300
+    sets = ["train.steps=12", "train.checkpoint_every=2", "train.eval_every=5", *FAST]
     # past the step-6 checkpoint and its eval (step 5), so samples.jsonl has lines to cut back
-    while not (tmp_path / "killed" / "checkpoints" / "step_000006").exists():
-        assert proc.poll() is None and time.time() < deadline, "run ended before its checkpoint"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=60) == -signal.SIGKILL  # it died mid-run, not after finishing
-    assert not (tmp_path / "killed" / "summary.json").exists()
-    subprocess.run(args("killed") + ["--resume"], check=True, capture_output=True, env=env, timeout=300)
-    assert_same_run(tmp_path / "whole", tmp_path / "killed")
+    assert_same_run(*kill_and_resume(tmp_path, sets, "step_000006"))

@@ -10,7 +10,6 @@ from rollwise.cli import app
 from rollwise.config import ConfigError
 from rollwise.train.config import load_run_config
 from rollwise.train.loop import Trainer
-from rollwise.train.metrics import read_metrics
 
 FAST = [
     "task.max_digits=2", "task.eval_size=8", "rollout.prompts_per_step=4", "rollout.num_generations=4",

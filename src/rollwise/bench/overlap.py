@@ -2,7 +2,9 @@
 
 One SFT warm start of the demo's task (``arith``, the ``tiny`` preset) is shared by every arm.
 Each arm runs GRPO from it for every seed in ``seeds`` for the same number of steps (so the
-same number of trained groups), evaluating greedy accuracy every ``eval_every`` steps; arms
+same number of trained groups; replay arms run ``replay_steps_factor`` times longer, so that
+their curve reaches the baseline's final accuracy, and their equal-steps numbers are read at
+``steps``), evaluating greedy accuracy every ``eval_every`` steps; arms
 run one after another in one process (never two at once: each has the whole machine), their
 order rotated per seed so drift on a shared machine spreads over all of them.
 
@@ -18,8 +20,8 @@ Reported per arm (mean over seeds, spread = max − min):
   at or before the fastest arm's finishing time, per seed);
 - the staleness histogram of trained tokens (share at 0, 1, 2 versions behind);
 - generation and update idle fractions (async: each side's waiting time / wall time);
-- for replay arms: generated tokens to reach the ``sync`` arm's final accuracy, as a ratio to
-  the tokens ``sync`` itself took (the control bench's definition).
+- for replay arms: generated tokens to reach the ``sync`` arm's accuracy at ``steps``, as a
+  ratio to the tokens ``sync`` itself took to first reach it (the control bench's definition).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from rich.table import Table
 
 from rollwise.bench.control import tokens_to_reach
 from rollwise.bench.engine import _quiet_transformers
-from rollwise.config import StrictModel, apply_overrides, validate
+from rollwise.config import ConfigError, StrictModel, apply_overrides, validate
 
 REPLAY_ARMS = ("rollout_replay", "remix", "rorecomp")
 ARMS = ("sync", "async1", "async2", *REPLAY_ARMS)
@@ -48,8 +50,11 @@ class AsyncBenchConfig(StrictModel):
 
     arms: list[Literal[ARMS]] = Field(list(ARMS), min_length=1, description="arms to run (sync = the baseline)")
     seeds: list[int] = Field([0, 1, 2], min_length=1, description="RL seeds per arm")
-    steps: int = Field(40, ge=1, description="trained steps per run (equal trained groups across arms)")
-    eval_every: int = Field(10, ge=1, description="evaluate every N steps (and at the end)")
+    steps: int = Field(60, ge=1, description="trained steps per run (equal trained groups across arms)")
+    replay_steps_factor: float = Field(
+        2.0, ge=1, description="replay arms run this many times `steps` (replay samples fewer tokens per step: the "
+        "longer run finds the tokens to the baseline's final accuracy); their equal-steps numbers are read at `steps`")
+    eval_every: int = Field(10, ge=1, description="evaluate every N steps (and at the end); must divide `steps`")
     eval_size: int = Field(200, ge=1, description="held-out prompts for greedy accuracy")
     preset: str = Field("tiny", description="model preset (random init, then SFT)")
     sft_steps: int = Field(500, ge=0, description="SFT warm-start steps (the demo's)")
@@ -63,7 +68,11 @@ class AsyncBenchConfig(StrictModel):
 
 
 def load_async_bench_config(overrides: list[str]) -> AsyncBenchConfig:
-    return validate(AsyncBenchConfig, apply_overrides({}, list(overrides)))
+    cfg = validate(AsyncBenchConfig, apply_overrides({}, list(overrides)))
+    if cfg.steps % cfg.eval_every:
+        raise ConfigError(f"eval_every={cfg.eval_every} must divide steps={cfg.steps} (the equal-steps numbers are "
+                          "read at an eval); set eval_every to a divisor of steps")
+    return cfg
 
 
 def run_async_bench(overrides: list[str], console, json_path: Path | None = None) -> dict:
@@ -83,7 +92,7 @@ def run_async_bench(overrides: list[str], console, json_path: Path | None = None
                 for arm in order:
                     out["runs"][arm].append(_run(cfg, arm, seed, warm, Path(tmp), sync_threads, async_threads,
                                                  console))
-                    out["table"] = summarize(out["runs"], cfg.arms)
+                    out["table"] = summarize(out["runs"], cfg.arms, cfg.steps)
                     if json_path is not None:  # a long run keeps what it measured so far
                         json_path.write_text(json.dumps(out, indent=2))
             _print(console, cfg, out)
@@ -128,7 +137,7 @@ def _run(cfg: AsyncBenchConfig, arm: str, seed: int, warm: Path, tmp: Path, sync
         f"output_dir={tmp}", f"name={arm}_{seed}", f"seed={seed}", *_sets(cfg),
         f"model.path={warm}", "sft.steps=0", "rollout.strategy=group", f"rollout.num_generations={cfg.num_generations}",
         f"rollout.prompts_per_step={cfg.prompts_per_step}", "objective.method=grpo", f"optim.lr={cfg.lr}",
-        "optim.micro_batch_size=128", f"train.steps={cfg.steps}", f"train.eval_every={cfg.eval_every}",
+        "optim.micro_batch_size=128", f"train.steps={steps_of(cfg, arm)}", f"train.eval_every={cfg.eval_every}",
         "train.eval_samples=0", "train.log_samples=0", "train.checkpoint_every=0",
         *arm_sets(arm, sync_threads, async_threads),
     ])
@@ -143,12 +152,22 @@ def _run(cfg: AsyncBenchConfig, arm: str, seed: int, warm: Path, tmp: Path, sync
         def on_step(step, metrics):
             steps.append({k: v for k, v in metrics.items() if k.startswith(("staleness/", "async/", "replay/", "time/"))
                           or k in ("tokens/generated",)})
-            status.update(f"{arm}, seed {seed}, step {step}/{cfg.steps}")
+            status.update(f"{arm}, seed {seed}, step {step}/{steps_of(cfg, arm)}")
 
         summary = trainer.fit(on_step=on_step, on_eval=on_eval)
     return {"seed": seed, "curve": curve, "wall_seconds": summary["wall_seconds"],
             "final_accuracy": summary["final_accuracy"], "initial_accuracy": summary["initial_accuracy"],
             "generated_tokens": summary["generated_tokens"], "step_metrics": steps}
+
+
+def steps_of(cfg: AsyncBenchConfig, arm: str) -> int:
+    """Steps an arm runs: ``steps``, or ``replay_steps_factor`` × that for replay arms."""
+    return round(cfg.steps * cfg.replay_steps_factor) if arm in REPLAY_ARMS else cfg.steps
+
+
+def at_step(run: dict, step: int) -> dict:
+    """The run's eval record at ``step`` (its last one if it stopped earlier)."""
+    return next((c for c in run["curve"] if c["step"] == step), run["curve"][-1])
 
 
 def accuracy_at_wall(curve: list[dict], wall: float) -> float:
@@ -168,7 +187,10 @@ def staleness_histogram(step_metrics: list[dict]) -> dict[int, float]:
     return {k: sum(m.get(f"staleness/share_{k}", 0.0) for m in step_metrics) / n for k in keys}
 
 
-def summarize(runs: dict[str, list[dict]], arms: list[str]) -> dict[str, dict]:
+def summarize(runs: dict[str, list[dict]], arms: list[str], steps: int) -> dict[str, dict]:
+    """Per arm, over seeds: wall time and accuracy at ``steps`` (equal trained groups), the speed-up
+    over ``sync`` (its wall / the arm's, per seed), accuracy at the faster run's finishing time,
+    the staleness histogram, idle fractions, and tokens to ``sync``'s final accuracy."""
     base = {r["seed"]: r for r in runs.get("sync", [])}
     table = {}
     for arm in arms:
@@ -180,21 +202,24 @@ def summarize(runs: dict[str, list[dict]], arms: list[str]) -> dict[str, dict]:
             b = base.get(r["seed"])
             if b is None:
                 continue
-            speed.append(b["wall_seconds"] / r["wall_seconds"])
-            wall = min(b["wall_seconds"], r["wall_seconds"])  # the faster run's finishing time
+            mine, theirs = at_step(r, steps), at_step(b, steps)
+            speed.append(theirs["wall"] / mine["wall"])
+            wall = min(theirs["wall"], mine["wall"])  # the faster run's time to `steps`
             at_wall.append(accuracy_at_wall(r["curve"], wall))
             base_at_wall.append(accuracy_at_wall(b["curve"], wall))
-            target = b["final_accuracy"]
-            mine = tokens_to_reach([(c["tokens"], c["accuracy"]) for c in r["curve"]], target)
-            theirs = tokens_to_reach([(c["tokens"], c["accuracy"]) for c in b["curve"]], target)
-            if mine is not None and theirs:
-                token_ratios.append(mine / theirs)
-        acc = [r["final_accuracy"] for r in rs]
+            target = theirs["accuracy"]
+            reached = tokens_to_reach([(c["tokens"], c["accuracy"]) for c in r["curve"]], target)
+            base_reached = tokens_to_reach([(c["tokens"], c["accuracy"]) for c in b["curve"] if c["step"] <= steps],
+                                           target)
+            if reached is not None and base_reached:
+                token_ratios.append(reached / base_reached)
+        ends = [at_step(r, steps) for r in rs]
+        acc = [c["accuracy"] for c in ends]
         last = [r["step_metrics"][-1] for r in rs if r["step_metrics"]]
         idle = {side: statistics.mean(m.get(f"async/{side}_idle_s", 0.0) / r["wall_seconds"]
                                       for m, r in zip(last, rs)) for side in ("generate", "update")}
         table[arm] = {
-            "wall_seconds": statistics.mean(r["wall_seconds"] for r in rs),
+            "wall_seconds": statistics.mean(c["wall"] for c in ends),
             "speedup_vs_sync": statistics.mean(speed) if speed else None, "speedups": speed,
             "accuracy_mean": statistics.mean(acc), "accuracy_spread": max(acc) - min(acc), "accuracies": acc,
             "accuracy_at_equal_wall": statistics.mean(at_wall) if at_wall else None,
@@ -203,7 +228,8 @@ def summarize(runs: dict[str, list[dict]], arms: list[str]) -> dict[str, dict]:
             "staleness": {str(k): v for k, v in staleness_histogram([m for r in rs for m in r["step_metrics"]]).items()},
             "idle_fraction": idle,
             "tokens_ratio": statistics.mean(token_ratios) if token_ratios else None, "reached": len(token_ratios),
-            "generated_tokens": statistics.mean(r["generated_tokens"] for r in rs), "seeds": len(rs),
+            "tokens_at_steps": statistics.mean(c["tokens"] for c in ends),
+            "final_accuracy_mean": statistics.mean(r["final_accuracy"] for r in rs), "seeds": len(rs),
         }
     return table
 
@@ -216,7 +242,7 @@ def _print(console, cfg: AsyncBenchConfig, out: dict) -> None:
                     f"{first['initial_accuracy']:.1%}); {out['cores']} cores: sync {out['sync_threads']} threads, "
                     f"async {out['async_threads']} + {out['async_threads']}")
     for col in ("arm", "wall s", "speed-up vs sync", "acc. at equal steps", "± (half range)", "acc. at equal wall",
-                "sync there", "staleness 0/1/2", "idle gen/upd", "tokens to sync's final"):
+                "sync there", "tokens at equal steps", "staleness 0/1/2/3+", "idle gen/upd", "tokens to sync's final"):
         t.add_column(col, justify="left" if col == "arm" else "right")
     for arm, row in table.items():
         st = row["staleness"]
@@ -226,6 +252,8 @@ def _print(console, cfg: AsyncBenchConfig, out: dict) -> None:
                   f"{row['accuracy_mean']:.1%}", f"{row['accuracy_spread'] / 2:.1%}",
                   "—" if row["accuracy_at_equal_wall"] is None else f"{row['accuracy_at_equal_wall']:.1%}",
                   "—" if row["sync_accuracy_at_that_wall"] is None else f"{row['sync_accuracy_at_that_wall']:.1%}",
-                  "/".join(f"{st.get(str(k), 0.0):.0%}" for k in range(3)),
+                  f"{row['tokens_at_steps']:,.0f}",
+                  "/".join(f"{st.get(str(k), 0.0):.0%}" for k in range(3))
+                  + f"/{sum(v for k, v in st.items() if int(k) >= 3):.0%}",
                   f"{row['idle_fraction']['generate']:.0%}/{row['idle_fraction']['update']:.0%}", ratio)
     console.print(t)

@@ -21,7 +21,7 @@ from rollwise.config import ConfigError
 from rollwise.engine.engine import Request
 from rollwise.engine.sampling import SamplingParams
 from rollwise.generate.group import forced_weights
-from rollwise.types import Node, Prompt, Rollout, RolloutGroup, Tree
+from rollwise.types import Prompt, Rollout, RolloutGroup, Tree
 
 _MASK = 2**62 - 1
 

@@ -323,7 +323,7 @@ class Trainer:
         self.state.step += 1
         self.state.generated_tokens += batch.tokens
         metrics |= staleness_metrics(groups, self.state.step - 1)
-        if batch.version != self.state.step - 1 or waited:  # async: the batch was sampled ahead, concurrently
+        if self.pipeline is not None:  # async: the batch was sampled concurrently; the step is the wait + the update
             metrics |= {"time/update": update, "time/wait": waited, "time/step": update + waited}
         else:
             metrics |= {"time/update": update, "time/step": metrics.get("time/step", 0.0) + update}

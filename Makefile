@@ -10,10 +10,13 @@ $(STAMP): pyproject.toml
 	# the code sandbox needs bubblewrap (apt); skipped when already installed
 	command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq bubblewrap; } \
 		|| echo "warning: bubblewrap is not installed (apt-get install -y bubblewrap); code tasks need sandbox.isolation=best_effort"
+	# the run report's browser test opens report.html in Debian's Chromium (apt); skipped when already installed
+	command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium; } \
+		|| echo "warning: chromium is not installed (apt-get install -y chromium); tests/test_report.py skips its browser check"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first and pinned: the CPU wheel on the machine's find-links (an unpinned torch pulls CUDA)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,compare]'
+	$(BIN)/pip install --quiet -e '.[test,compare,tensorboard,wandb]'
 	touch $(STAMP)
 
 install: $(STAMP)

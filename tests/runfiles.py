@@ -4,7 +4,8 @@ Every file of one run must exist in the other with the same content, except wall
 measurements (``time/*`` metrics, ``wall_seconds``) and the run's own name. JSONL and JSON
 files are compared record by record; checkpoint tensors, optimizer and RNG states by value;
 anything else byte for byte. TensorBoard event files hold timestamps and are skipped (the
-writer purges events after a resumed checkpoint instead).
+writer purges events after a resumed checkpoint instead), and so is ``report.html``: a view of
+the other files whose curves over wall time differ run to run.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def load_for_compare(path: Path):
 
 def run_files(run_dir: Path) -> list[str]:
     return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")
-                  if p.is_file() and "tensorboard" not in p.parts)
+                  if p.is_file() and "tensorboard" not in p.parts and p.name != "report.html")
 
 
 def assert_same_run(a: Path, b: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""``rollwise``: train | sft | eval | list | bench.
+"""``rollwise``: train | sft | eval | report | list | bench.
 
 Errors a user can fix (config, paths, data) print one line and exit 2; set
 ``ROLLWISE_DEBUG=1`` for the traceback.
@@ -122,6 +122,19 @@ def eval_(
     console.print(json.dumps(result.metrics(), indent=2))
     if json_path:
         json_path.write_text(json.dumps(result.metrics(), indent=2))
+
+
+@app.command()
+@friendly_errors
+def report(
+    run_dirs: Annotated[list[Path], typer.Argument(help="run directories (runs/<name>); several are overlaid")],
+    out: Annotated[Path | None, typer.Option("--out", help="where to write it (default: RUN_DIR/report.html for "
+                                                           "one run, ./report.html for several)")] = None,
+):
+    """One self-contained report.html: curves, config diff, eval rollouts, a rollout tree (no server, no network)."""
+    from rollwise.report import write_report
+
+    console.print(f"report: {write_report(run_dirs, out)}")
 
 
 @app.command("list")

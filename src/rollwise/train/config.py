@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rollwise.config import StrictModel, apply_overrides, load_yaml, validate
 from rollwise.control import ControlConfig
@@ -18,6 +18,7 @@ from rollwise.model.load import ModelConfig
 from rollwise.optim.objective import ObjectiveConfig
 from rollwise.tasks.arith import ArithConfig
 from rollwise.tasks.registry import TaskConfig
+from rollwise.train.metrics import check_loggers
 
 
 class SFTConfig(StrictModel):
@@ -84,6 +85,15 @@ class TrainConfig(StrictModel):
         None, ge=1, description="async: torch threads of the generation side (null: half the cores, at least 1)")
     update_threads: int | None = Field(
         None, ge=1, description="async: torch threads of the update side (null: = generation_threads)")
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list, description="loggers beyond the run directory (TRL's name): tensorboard (event files in "
+        "tensorboard/), wandb (offline under wandb/ unless WANDB_MODE is set); each is an extra: "
+        "pip install 'rollwise[tensorboard]'")
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _known_loggers(cls, value):
+        return check_loggers(value)
 
 
 class RewardConfig(StrictModel):

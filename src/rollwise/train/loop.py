@@ -9,6 +9,7 @@ and the tests all call it. The trainer owns the run directory, checkpoints and e
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -51,7 +52,7 @@ from rollwise.train.checkpoint import (
     save_checkpoint,
 )
 from rollwise.train.config import RunConfig
-from rollwise.train.metrics import MetricsLog
+from rollwise.train.metrics import MetricsLog, tree_record
 from rollwise.train.pipeline import Pipeline
 from rollwise.train.sft import sft
 from rollwise.types import Prompt, RolloutGroup
@@ -180,6 +181,7 @@ class Trainer:
         self.ref_model = None
         self.log: MetricsLog | None = None
         self.stopped_by: str | None = None  # the limit that ended the last fit()
+        self.last_tree: dict | None = None  # the last step's first rollout tree, for trees.jsonl at the next eval
 
     def set_controller(self, controller) -> None:
         """Use ``controller`` (built from ``control.*``, or your own ``Controller`` subclass) and build
@@ -300,6 +302,7 @@ class Trainer:
         cfg, start = self.cfg, time.perf_counter()
         step, metrics = self.state.step, dict(batch.metrics)
         metrics |= assign_advantages(batch.groups, cfg.objective)  # within the groups as sampled
+        self.last_tree = next((tree_record(g, self.decode) for g in batch.groups if g.tree is not None), None)
         # replay: the groups to train (fresh and kept ones, with their own log-probs, versions, advantages)
         groups, replayed = self.replay.compose(batch.groups, step=step, version=step)
         metrics |= replayed
@@ -376,7 +379,7 @@ class Trainer:
         else:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
             # a fresh run in an existing directory starts over: nothing stale may be resumed later
-            for stale in ("metrics.jsonl", "samples.jsonl", "summary.json"):
+            for stale in ("metrics.jsonl", "samples.jsonl", "trees.jsonl", "summary.json", "report.html"):
                 (self.run_dir / stale).unlink(missing_ok=True)
             for stale in ("checkpoints", "init_model"):
                 shutil.rmtree(self.run_dir / stale, ignore_errors=True)
@@ -391,7 +394,8 @@ class Trainer:
             self.ref_model.to(self.engine.device).eval()
             if ckpt is not None and self.state.reference_moved_at is not None:
                 load_reference(ckpt, self.ref_model)
-        self.log = MetricsLog(self.run_dir, resume_from_step=self.state.step if ckpt else None)
+        self.log = MetricsLog(self.run_dir, resume_from_step=self.state.step if ckpt else None,
+                              report_to=self.cfg.train.report_to, config=self.cfg.model_dump(mode="json"))
 
     def save_init_model(self) -> None:
         """Keep the RL starting point: a copy in ``init_model/`` when the run made it (SFT warm
@@ -416,7 +420,21 @@ class Trainer:
         self.state.last_accuracy = result.accuracy
         self.log.log(self.state.step, result.metrics())
         self.log.log_samples(self.state.step, result.samples)
+        if self.last_tree is not None:  # tree strategies: one training group's tree per eval
+            self.log.log_tree(self.state.step, self.last_tree)
+            self.last_tree = None
         return result
+
+    def write_report(self) -> Path | None:
+        """Write ``report.html`` into the run directory (``rollwise.report``); the run's files are
+        what it reads. A report that fails logs a warning and returns None: it never fails a run."""
+        try:
+            from rollwise.report import write_report
+
+            return write_report([self.run_dir])
+        except Exception as err:  # noqa: BLE001 — the report is a view of the run, never a reason to lose it
+            logging.getLogger("rollwise").warning("run report not written: %s: %s", type(err).__name__, err)
+            return None
 
     def checkpoint(self) -> Path:
         """Save everything a resumed run needs, atomically. Async: first hold the producer at a batch

@@ -1,52 +1,125 @@
-"""Run-directory logging: ``metrics.jsonl``, ``samples.jsonl``, and TensorBoard when installed.
+"""Run-directory logging: ``metrics.jsonl``, ``samples.jsonl``, ``trees.jsonl``, and the loggers of
+``train.report_to`` (TensorBoard, Weights & Biases) with the same metric names.
 
 A resumed run continues the files of the run it resumes: every line logged after the
 checkpoint's step is dropped first (it will be produced again), so the files of a run killed
 and resumed equal those of the uninterrupted run line for line (``time/*`` values aside).
 TensorBoard's event files cannot be cut that way; the writer is opened with ``purge_step`` so
-TensorBoard discards the events after the checkpoint instead.
+TensorBoard discards the events after the checkpoint instead. A W&B run cannot be cut either:
+a resumed run logs to a new W&B run (same name) from the checkpoint's step on.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import json
 import math
+import os
 from pathlib import Path
+
+from rollwise.config import ConfigError
+
+LOGGERS = {"tensorboard": "tensorboard", "wandb": "wandb"}  # train.report_to name -> the package it needs
+
+
+def check_loggers(names) -> list:
+    """``train.report_to`` as given, once every name is a known logger whose package is installed.
+
+    >>> check_loggers([])
+    []
+    """
+    if isinstance(names, str):
+        names = [names]
+    for name in names if isinstance(names, (list, tuple)) else []:
+        if name not in LOGGERS:
+            close = difflib.get_close_matches(str(name), list(LOGGERS), n=1, cutoff=0.4)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"train.report_to: unknown logger '{name}'{hint} (known: {', '.join(LOGGERS)})")
+        if importlib.util.find_spec(LOGGERS[name]) is None:
+            raise ConfigError(f"train.report_to: {name} is not installed: pip install 'rollwise[{name}]' "
+                              f"(or drop '{name}' from train.report_to)")
+    return names
 
 
 class MetricsLog:
-    def __init__(self, run_dir: Path, resume_from_step: int | None = None):
+    def __init__(self, run_dir: Path, resume_from_step: int | None = None, report_to: list[str] = (),
+                 config: dict | None = None):
         self.path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
+        self.trees_path = run_dir / "trees.jsonl"
         if resume_from_step is not None:
-            for path in (self.path, self.samples_path):
+            for path in (self.path, self.samples_path, self.trees_path):
                 _truncate_after(path, resume_from_step)
-        self._tb = None
-        try:
+        check_loggers(list(report_to))
+        self._tb = self._wandb = None
+        if "tensorboard" in report_to:
             from torch.utils.tensorboard import SummaryWriter
 
             purge = None if resume_from_step is None else resume_from_step + 1
             self._tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
-        except ImportError:  # tensorboard is optional
-            pass
+        if "wandb" in report_to:
+            self._wandb = _open_wandb(run_dir, config, resume_from_step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: (float(v) if isinstance(v, (int, float)) and math.isfinite(v) else str(v)) for k, v in metrics.items()}
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, **clean}) + "\n")
+        scalars = {k: v for k, v in clean.items() if isinstance(v, float)}
         if self._tb is not None:
-            for k, v in clean.items():
-                if isinstance(v, float):
-                    self._tb.add_scalar(k, v, step)
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
 
     def log_samples(self, step: int, samples: list[dict]) -> None:
         with self.samples_path.open("a") as f:
             for s in samples:
                 f.write(json.dumps({"step": step, **s}) + "\n")
 
+    def log_tree(self, step: int, tree: dict) -> None:
+        """One rollout tree (``tree_record``) for the run report's tree view."""
+        with self.trees_path.open("a") as f:
+            f.write(json.dumps({"step": step, **tree}) + "\n")
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _open_wandb(run_dir: Path, config: dict | None, resume_from_step: int | None):
+    """A W&B run writing under ``run_dir/wandb``: offline unless the user set ``WANDB_MODE`` (this
+    library must not need a network; ``wandb sync run_dir/wandb/offline-run-*`` uploads it later)."""
+    import wandb
+
+    name = run_dir.name if resume_from_step is None else f"{run_dir.name} (resumed at step {resume_from_step})"
+    return wandb.init(project=os.environ.get("WANDB_PROJECT", "rollwise"), name=name, dir=str(run_dir),
+                      config=config or {}, mode=os.environ.get("WANDB_MODE") or "offline",
+                      settings=wandb.Settings(console="off"))
+
+
+def tree_record(group, decode) -> dict | None:
+    """One tree group as plain data: each node's span as text, each leaf's path, reward and verdict.
+
+    A node's tokens are read from any leaf through it (positions ``[start, end)`` of its completion).
+    """
+    tree = group.tree
+    if tree is None:
+        return None
+    spans: dict[int, list[int]] = {}
+    for r in group.rollouts:
+        for nid in r.node_path or []:
+            node = tree.nodes[nid]
+            if nid not in spans:
+                spans[nid] = r.completion_ids[node.start: node.end if node.end is not None else len(r.completion_ids)]
+    nodes = [{"id": n.id, "parent": n.parent, "text": decode(spans.get(n.id, [])), "tokens": len(spans.get(n.id, []))}
+             for n in tree.live_nodes()]
+    leaves = [{"path": list(r.node_path or []), "reward": r.reward, "correct": r.correct,
+               "reasons": r.reward_reasons, "finish_reason": r.finish_reason} for r in group.rollouts]
+    return {"prompt": group.prompt.text, "answer": group.prompt.answer, "nodes": nodes, "leaves": leaves}
 
 
 def _truncate_after(path: Path, step: int) -> None:

@@ -1,4 +1,4 @@
-"""Drive a whole run: prepare, evaluate, step with a progress bar, checkpoint, summarise."""
+"""Drive a whole run: prepare, evaluate, step with a progress bar, checkpoint, summarise, report."""
 
 from __future__ import annotations
 
@@ -44,9 +44,12 @@ def run_training(cfg: RunConfig, resume: bool = False, console: Console | None =
             bar.update(rl, info=f"{info['text']}  eval {result.accuracy:.1%}")
 
         summary = trainer.fit(on_step=on_step, on_eval=on_eval)
+        report = trainer.write_report()  # a failure is a warning, never a failed run
         if trainer.stopped_by and not trainer.stopped_by.startswith("steps="):
             console.print(f"[yellow]train.{trainer.stopped_by} reached at step {trainer.state.step}[/]")
     _print_summary(console, summary, trainer.run_dir)
+    if report is not None:
+        console.print(f"report: {report}")
     return summary
 
 

@@ -17,7 +17,7 @@ STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1240px; color: #1d1d1f; }
 h1 { font-size: 22px; } h2 { font-size: 18px; border-bottom: 1px solid #ddd; padding-bottom: 4px; margin-top: 32px; }
 table { border-collapse: collapse; margin: 8px 0; } td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: left; }
-th { background: #f4f4f6; } figure { margin: 16px 0; } img { max-width: 100%; }
+th { background: #f4f4f6; } figure { margin: 16px 0; } img { width: 100%; }
 .swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 4px; }
 .sample { border: 1px solid #ddd; border-left: 6px solid #c62828; border-radius: 4px; padding: 6px 10px; margin: 8px 0; }
 .sample.correct { border-left-color: #2e7d32; }
@@ -137,7 +137,8 @@ def _tree_html(record: dict) -> str:
 
     def render(nid) -> str:
         node, verdicts = nodes[nid], below.get(nid, [])
-        meta = f"<span class=\"meta\">{node.get('tokens', 0)} tokens · {len(verdicts)} leaves, {sum(verdicts)} correct</span>"
+        where = "root (the prompt) · " if node.get("parent") is None else f"{node.get('tokens', 0)} tokens · "
+        meta = f"<span class=\"meta\">{where}{len(verdicts)} leaves, {sum(verdicts)} correct</span>"
         marks = "".join(
             f"<li class=\"leaf {'correct' if leaf.get('correct') else 'wrong'}\" "
             f"data-correct=\"{'true' if leaf.get('correct') else 'false'}\"><span class=\"mark\">"

@@ -86,7 +86,12 @@ class MetricsLog:
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
+            import wandb
+
             self._wandb.finish()
+            # finish() can return before the wandb-core service has written the run file (seen with
+            # 0.31.0: an offline .wandb holding only its header); teardown waits for the service to exit
+            wandb.teardown()
             self._wandb = None
 
 

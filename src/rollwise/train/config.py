@@ -88,7 +88,7 @@ class TrainConfig(StrictModel):
     report_to: list[Literal["tensorboard", "wandb"]] = Field(
         default_factory=list, description="loggers beyond the run directory (TRL's name): tensorboard (event files in "
         "tensorboard/), wandb (offline under wandb/ unless WANDB_MODE is set); each is an extra: "
-        "pip install 'rollwise[tensorboard]'")
+        "pip install 'rollwise[tensorboard]', 'rollwise[wandb]'")
 
     @field_validator("report_to", mode="before")
     @classmethod

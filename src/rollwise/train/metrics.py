@@ -35,9 +35,9 @@ def check_loggers(names) -> list:
         if name not in LOGGERS:
             close = difflib.get_close_matches(str(name), list(LOGGERS), n=1, cutoff=0.4)
             hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(f"train.report_to: unknown logger '{name}'{hint} (known: {', '.join(LOGGERS)})")
+            raise ConfigError(f"unknown logger '{name}'{hint} (train.report_to knows {', '.join(LOGGERS)})")
         if importlib.util.find_spec(LOGGERS[name]) is None:
-            raise ConfigError(f"train.report_to: {name} is not installed: pip install 'rollwise[{name}]' "
+            raise ConfigError(f"{name} is not installed: pip install 'rollwise[{name}]' "
                               f"(or drop '{name}' from train.report_to)")
     return names
 

@@ -16,6 +16,7 @@ FORBIDDEN = {
     "generate": {"tasks", "filter", "train", "cli", "bench", "optim", "control"},
     "optim": {"tasks", "filter", "train", "cli", "bench", "generate"},
     "control": {"tasks", "filter", "train", "cli", "bench", "generate", "optim"},
+    "report": {"tasks", "filter", "train", "cli", "bench", "generate", "optim", "control", "engine", "model", "replay"},
     "replay": {"tasks", "filter", "train", "cli", "bench", "generate", "optim", "control", "engine", "model"},
     "engine": {"tasks", "filter", "train", "cli", "bench", "generate", "optim", "model", "eval"},
     "model": {"tasks", "filter", "train", "cli", "bench", "generate", "optim"},

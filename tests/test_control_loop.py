@@ -154,9 +154,9 @@ def test_extra_rounds_reuse_the_cached_prompt_prefix(tmp_path, warm, method, str
             prefilled.append(sum(lens))
             return prefill(kv, ids, lens, row0)
 
-        def spy(prompts, budgets, clock, salt=0):
+        def spy(prompts, budgets, clock, salt=0, **kw):
             stats, before = t.engine.stats, (len(prefilled), t.engine.stats.prefix_cache_tokens)
-            out = run(prompts, budgets, clock, salt)
+            out = run(prompts, budgets, clock, salt, **kw)
             rounds.append((salt, prompts, budgets, prefilled[before[0]:], stats.prefix_cache_tokens - before[1]))
             return out
 

@@ -227,6 +227,15 @@ def bench_async(json_path: JsonOpt = None, set_: SetOpt = None):
     _report(run_async_bench(overrides=set_ or [], console=console, json_path=json_path), json_path)
 
 
+@bench_app.command("ablate")
+@friendly_errors
+def bench_ablate(json_path: JsonOpt = None, set_: SetOpt = None):
+    """The ablation ledger: every method id vs the grpo/group baseline at an equal token budget (resumable)."""
+    from rollwise.bench.ablate import run_ablate_bench
+
+    run_ablate_bench(overrides=set_ or [], console=console, json_path=json_path)
+
+
 @bench_app.command("sandbox")
 @friendly_errors
 def bench_sandbox(json_path: JsonOpt = None, set_: SetOpt = None):

@@ -33,9 +33,10 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from rollwise.bench.control import tokens_to_reach
+from rollwise.bench.control import task_sets, tokens_to_reach
 from rollwise.bench.engine import _quiet_transformers
 from rollwise.config import ConfigError, StrictModel, apply_overrides, validate
+from rollwise.report.runs import read_jsonl
 
 BASELINE = "baseline"
 STAGE_KEYS = {"objective": "objective.method", "strategy": "rollout.strategy", "control": "control.method",
@@ -109,7 +110,7 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
-    finished = read_results(results_path)
+    finished = read_jsonl(results_path)  # a line cut by a kill is dropped
     if results_path.exists():  # drop a line cut by a kill before appending again
         results_path.write_text("".join(json.dumps(r) + "\n" for r in finished))
     done = {(r["task"], r["arm"], r["seed"]): r for r in finished}
@@ -142,27 +143,6 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
     return ledger
 
 
-def read_results(path: Path) -> list[dict]:
-    """The finished runs of an ablation (a line cut by a kill is ignored)."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
-def _task_sets(cfg: AblateBenchConfig, task: str) -> list[str]:
-    if task == "arith":
-        return ["task.name=arith", f"task.max_digits={cfg.arith_max_digits}", f"task.eval_size={cfg.eval_size}",
-                f"rollout.max_new_tokens={cfg.arith_max_new_tokens}"]
-    return ["task.name=countdown", f"task.eval_size={cfg.eval_size}", "task.min_numbers=3",
-            f"task.max_numbers={cfg.countdown_max_numbers}", f"rollout.max_new_tokens={cfg.countdown_max_new_tokens}"]
-
-
 def _warm_start(cfg: AblateBenchConfig, task: str, out: Path, console) -> Path:
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
@@ -172,7 +152,7 @@ def _warm_start(cfg: AblateBenchConfig, task: str, out: Path, console) -> Path:
         return model_dir
     with console.status(f"{task}: SFT warm start ({cfg.sft_steps} steps)"):
         run = load_run_config(None, [f"output_dir={out}", f"name=warm_{task}", "seed=0", f"model.preset={cfg.preset}",
-                                     *_task_sets(cfg, task), f"sft.steps={cfg.sft_steps}", "train.steps=0",
+                                     *task_sets(cfg, task), f"sft.steps={cfg.sft_steps}", "train.steps=0",
                                      f"model.threads={torch.get_num_threads()}"])
         with Trainer(run) as trainer:
             trainer.prepare()
@@ -186,7 +166,7 @@ def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out
     tokens = cfg.tokens if task == "arith" else cfg.countdown_tokens
     record = {"task": task, "arm": arm, "seed": seed, "lines": arm_lines(arm)}
     sets = [f"output_dir={out / 'runs'}", f"name={task}_{arm.replace(':', '_')}_{seed}", f"seed={seed}",
-            f"model.path={warm}", f"model.threads={torch.get_num_threads()}", *_task_sets(cfg, task), "sft.steps=0",
+            f"model.path={warm}", f"model.threads={torch.get_num_threads()}", *task_sets(cfg, task), "sft.steps=0",
             f"rollout.num_generations={cfg.num_generations}", f"rollout.prompts_per_step={cfg.prompts_per_step}",
             f"optim.lr={cfg.lr}", "optim.micro_batch_size=128", "train.steps=100000",
             f"train.eval_every={cfg.eval_every}", "train.eval_samples=0", "train.log_samples=0",

@@ -88,7 +88,8 @@ def run_control_bench(overrides: list[str], console, json_path: Path | None = No
         torch.set_num_threads(threads)
 
 
-def _task_sets(cfg: ControlBenchConfig, task: str) -> list[str]:
+def task_sets(cfg, task: str) -> list[str]:
+    """The config lines of a task at a bench's settings (``arith_*``, ``countdown_*``, ``eval_size`` fields)."""
     if task == "arith":
         return ["task.name=arith", f"task.max_digits={cfg.arith_max_digits}", f"task.eval_size={cfg.eval_size}",
                 f"rollout.max_new_tokens={cfg.arith_max_new_tokens}"]
@@ -103,7 +104,7 @@ def _warm_start(cfg: ControlBenchConfig, task: str, tmp: Path, console) -> Path:
 
     with console.status(f"{task}: SFT warm start ({cfg.sft_steps} steps)"):
         run = load_run_config(None, [f"output_dir={tmp}", f"name=warm_{task}", "seed=0", f"model.preset={cfg.preset}",
-                                     *_task_sets(cfg, task), f"sft.steps={cfg.sft_steps}", "train.steps=0",
+                                     *task_sets(cfg, task), f"sft.steps={cfg.sft_steps}", "train.steps=0",
                                      f"model.threads={torch.get_num_threads()}"])
         with Trainer(run) as trainer:
             trainer.prepare()
@@ -121,7 +122,7 @@ def _arms(cfg: ControlBenchConfig, task: str, warm: Path, tmp: Path, console) ->
             for arm in cfg.arms:
                 run = load_run_config(None, [
                     f"output_dir={tmp}", f"name={task}_{arm}_{seed}", f"seed={seed}", f"model.path={warm}",
-                    f"model.threads={torch.get_num_threads()}", *_task_sets(cfg, task), "sft.steps=0",
+                    f"model.threads={torch.get_num_threads()}", *task_sets(cfg, task), "sft.steps=0",
                     "rollout.strategy=group", f"rollout.num_generations={cfg.num_generations}",
                     f"rollout.prompts_per_step={cfg.prompts_per_step}", "objective.method=grpo", f"optim.lr={cfg.lr}",
                     "optim.micro_batch_size=128", "train.steps=100000", f"train.eval_every={every}",

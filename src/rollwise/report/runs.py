@@ -66,7 +66,8 @@ def _number(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSONL file ([] when absent); a line cut by a kill is skipped."""
     if not path.exists():
         return []
     out = []
@@ -84,8 +85,8 @@ def load_run(path: Path, name: str | None = None) -> Run:
         raise ConfigError(f"{path} is not a run directory (no metrics.jsonl): pass runs/<name>")
     config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").exists() else {}
     summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").exists() else None
-    return Run(name or path.name, path, _jsonl(path / "metrics.jsonl"), _jsonl(path / "samples.jsonl"),
-               _jsonl(path / "trees.jsonl"), config or {}, summary)
+    return Run(name or path.name, path, read_jsonl(path / "metrics.jsonl"), read_jsonl(path / "samples.jsonl"),
+               read_jsonl(path / "trees.jsonl"), config or {}, summary)
 
 
 def load_runs(paths: list[Path]) -> list[Run]:

@@ -181,7 +181,7 @@ class Trainer:
         self.ref_model = None
         self.log: MetricsLog | None = None
         self.stopped_by: str | None = None  # the limit that ended the last fit()
-        self.last_tree: dict | None = None  # the last step's first rollout tree, for trees.jsonl at the next eval
+        self.last_tree: RolloutGroup | None = None  # the last step's first tree group, for trees.jsonl at the next eval
 
     def set_controller(self, controller) -> None:
         """Use ``controller`` (built from ``control.*``, or your own ``Controller`` subclass) and build
@@ -272,7 +272,7 @@ class Trainer:
         policy being trained (async mode runs this on the producer thread)."""
         cfg, clock, control, stats = self.cfg, Clock(), self.controller, self.stats
         control.step, source = step, PromptCursor(self.task.train, cursor, self.tokenize)
-        version, wanted = engine.version, self.prompts_wanted()
+        wanted = self.prompts_wanted()
         if cfg.train.mode == "sync":  # replay serves part of the batch: fewer fresh prompts (async: on top)
             wanted = self.replay.fresh_prompts(wanted, step)
         prompts = control.select_prompts(source, stats, wanted)
@@ -295,14 +295,14 @@ class Trainer:
             metrics["control/prefix_reused_tokens"] = float(engine.stats.prefix_cache_tokens - reuse)
         control.observe_step(groups, stats)
         metrics |= refill | control.metrics() | clock.metrics()
-        return Collected(step, groups, metrics, sum(tokens), version, source.cursor)
+        return Collected(step, groups, metrics, sum(tokens), source.cursor)
 
     def train_on(self, batch: "Collected", waited: float = 0.0) -> dict[str, float]:
         """Optimize on a collected batch: advantages, the policy update, the new weights to the engine."""
         cfg, start = self.cfg, time.perf_counter()
         step, metrics = self.state.step, dict(batch.metrics)
         metrics |= assign_advantages(batch.groups, cfg.objective)  # within the groups as sampled
-        self.last_tree = next((tree_record(g, self.decode) for g in batch.groups if g.tree is not None), None)
+        self.last_tree = next((g for g in batch.groups if g.tree is not None), None)
         # replay: the groups to train (fresh and kept ones, with their own log-probs, versions, advantages)
         groups, replayed = self.replay.compose(batch.groups, step=step, version=step)
         metrics |= replayed
@@ -421,7 +421,7 @@ class Trainer:
         self.log.log(self.state.step, result.metrics())
         self.log.log_samples(self.state.step, result.samples)
         if self.last_tree is not None:  # tree strategies: one training group's tree per eval
-            self.log.log_tree(self.state.step, self.last_tree)
+            self.log.log_tree(self.state.step, tree_record(self.last_tree, self.decode))
             self.last_tree = None
         return result
 
@@ -541,7 +541,6 @@ class Collected:
     groups: list[RolloutGroup]
     metrics: dict[str, float]  # the collection's own (strategy, filter, control, time/generate, time/score)
     tokens: int  # tokens the engine sampled for them
-    version: int  # policy version of the engine when collection started
     cursor: int  # the train stream's data cursor after them
 
 

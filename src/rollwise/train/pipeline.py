@@ -73,7 +73,7 @@ class Pipeline:
         self.engine.version = trainer.state.step
         self.queue: deque = deque(queued or [])
         self.next_step = trainer.state.step + len(self.queue)  # the next batch the producer makes
-        self.cursor = self.queue[-1].cursor if self.queue else trainer.state.cursor
+        self.cursor = trainer.state.cursor  # the stream after the queued batches (checkpoints record it so)
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
         self.cond = threading.Condition()
         self.busy = False  # the producer is collecting a batch

@@ -75,6 +75,15 @@ def test_memory_and_recursion(pool):
     assert pool.run("print(1)").ok
 
 
+def test_a_failing_program_whose_traceback_cannot_be_printed_still_fails(pool):
+    """The exit status is a failure before the report is written: a program that raised and broke
+    sys.stderr (or ran out of memory while its traceback was printed) never reads as success."""
+    r = pool.run("import sys\nsys.stderr = object()\nraise ValueError('x')")
+    assert r.returncode == 1 and not r.ok
+    r = pool.run("import sys\nsys.stderr = object()\nsys.exit('bye')")
+    assert r.returncode == 1 and not r.ok
+
+
 def test_big_file_and_big_output_are_capped(pool):
     r = pool.run("f = open('big', 'wb')\nfor _ in range(1024):\n    f.write(b'x' * 1024**2)\n", timeout_s=5)
     assert r.returncode == 1 and ("File too large" in r.stderr or "No space" in r.stderr)

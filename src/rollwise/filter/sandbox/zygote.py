@@ -230,15 +230,15 @@ def run_child(module, code, limits, fds):
             elif isinstance(e.code, int):
                 status = e.code & 0xFF
             else:
+                status = 1  # before reporting: a report that fails (a broken sys.stderr) is still a failure
                 sys.stderr.write(str(e.code) + "\n")
-                status = 1
         except BaseException as err:
+            status = 1  # before the traceback: printing it may fail too (sys.stderr replaced, no memory left)
             import traceback
 
             # from the program's first frame on (the worker's own frame is not the program's business)
             tb = None if isinstance(code, BaseException) else err.__traceback__.tb_next
             traceback.print_exception(type(err), err, tb)
-            status = 1
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first and pinned: the CPU wheel on the machine's find-links (an unpinned torch pulls CUDA)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,compare,tensorboard,wandb]'
+	$(BIN)/pip install --quiet -e '.[test,compare,tensorboard,wandb,ray]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -96,7 +96,6 @@ def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict
             log.warning("reward function '%s' raised %s: %s; scoring this batch 0", rf.name, type(err).__name__, err)
             values = [Score(0.0, f"{rf.name} raised {type(err).__name__}: {err}")] * len(rollouts)
             errors = len(rollouts)
-        applied = []
         for i, ((_, r), v) in enumerate(zip(rollouts, values)):
             if v is None:
                 continue
@@ -109,11 +108,19 @@ def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict
             if reason:
                 r.reward_reasons[rf.name] = reason
             totals[i] += rf.weight * value
-            applied.append(value)
-        if applied:
-            metrics[f"reward/{rf.name}"] = sum(applied) / len(applied)
         metrics[f"reward/{rf.name}/errors"] = float(errors)
     for (_, r), total in zip(rollouts, totals):
         r.score = r.reward = total  # the verdict; shaping terms later add to ``reward`` only
-    return metrics
+    return component_means(groups) | metrics
+
+
+def component_means(groups: list[RolloutGroup]) -> dict[str, float]:
+    """``reward/<name>``: the mean of each reward component over the rollouts it applied to
+    (what ``score_groups`` reports; recomputed from the rollouts when shards were scored apart)."""
+    values: dict[str, list[float]] = {}
+    for g in groups:
+        for r in g.rollouts:
+            for name, v in r.reward_components.items():
+                values.setdefault(name, []).append(v)
+    return {f"reward/{name}": sum(v) / len(v) for name, v in values.items()}
 

@@ -1,7 +1,9 @@
 """The contract every rollout strategy keeps (DESIGN.md, Generator).
 
 ``generate(engine, prompts, budgets, seed) -> (groups, metrics)``: ``budgets[i]`` rollouts (or
-tree leaves) for ``prompts[i]``; ``seed`` fixes the step's sampling whatever the batching;
+tree leaves) for ``prompts[i]`` (0: an empty group — a rollout worker gets the step's whole
+prompt list with 0 for the prompts other workers sample, so a prompt's seeds depend on its
+place in the step, not on the worker); ``seed`` fixes the step's sampling whatever the batching;
 ``metrics`` are the strategy's own numbers for this step (``tree/...``, ``april/...``).
 ``prompts_wanted(n)`` says how many fresh prompts a step that needs ``n`` groups should pass
 (APRIL carries unfinished groups over and takes fewer). ``state_dict()`` /

@@ -67,7 +67,9 @@ class Forest:
     # -- what strategies call ------------------------------------------------------------
     def start(self, pi: int, n: int, *, grow: bool = True, salt: int = 0) -> list[int]:
         """``n`` fresh samples of prompt ``pi`` as new children of the root: one request,
-        forked while queued so the prompt is prefilled once for all of them."""
+        forked while queued so the prompt is prefilled once for all of them (``n`` = 0: none)."""
+        if n <= 0:
+            return []
         seed = hash((self.seed, pi, salt)) & _MASK
         (handle,) = self.engine.submit([Request(self.prompts[pi].token_ids, _with_seed(self.params, seed))])
         handles = self.engine.fork(handle, n) if n > 1 else [handle]
@@ -174,11 +176,12 @@ class Forest:
 
     def metrics(self, prefix: str) -> dict[str, float]:
         leaves = sum(len(lv) for lv in self.leaves)
+        prompts = max(sum(b > 0 for b in self.budgets), 1)  # a prompt with budget 0 has no tree
         unique = sum(t.unique_tokens for t in self.trees)
         leaf_tokens = sum(len(lf.token_ids) for lv in self.leaves for lf in lv)
         return {
-            f"{prefix}/leaves_per_prompt": leaves / max(len(self.prompts), 1),
-            f"{prefix}/nodes_per_prompt": sum(len(t.live_nodes()) - 1 for t in self.trees) / max(len(self.prompts), 1),
+            f"{prefix}/leaves_per_prompt": leaves / prompts,
+            f"{prefix}/nodes_per_prompt": sum(len(t.live_nodes()) - 1 for t in self.trees) / prompts,
             f"{prefix}/forks": float(self.forks),
             f"{prefix}/sampled_tokens_per_leaf": self.sampled_tokens / max(leaves, 1),
             f"{prefix}/shared_token_ratio": 1 - unique / max(leaf_tokens, 1),

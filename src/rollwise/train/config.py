@@ -27,6 +27,15 @@ class SFTConfig(StrictModel):
     lr: float = Field(1e-3, gt=0, description="SFT learning rate (AdamW, linear warmup then constant)")
 
 
+class WorkerResources(StrictModel):
+    """What one rollout worker (a Ray actor) reserves; its torch threads = ``num_cpus`` (at least 1)."""
+
+    num_cpus: float = Field(1, gt=0, description="CPU cores per worker (also its torch thread count)")
+    num_gpus: float = Field(0, ge=0, description="GPUs per worker (> 0: its engine runs on CUDA)")
+    memory: int | None = Field(None, ge=1, description="bytes of memory Ray reserves per worker (null = none)")
+    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources per worker")
+
+
 class RolloutConfig(StrictModel):
     strategy: Literal[tuple(STRATEGIES)] = Field("group", description="how rollouts are shaped (`rollwise list strategies`)")
     num_generations: int = Field(8, ge=1, description="rollouts per prompt (TRL's num_generations)")
@@ -42,6 +51,15 @@ class RolloutConfig(StrictModel):
     tree: TreeConfig = Field(default_factory=TreeConfig, description="strategy=tree (TreePO) options")
     latr: LatrConfig = Field(default_factory=LatrConfig, description="strategy=latr (LATR) options")
     april: AprilConfig = Field(default_factory=AprilConfig, description="strategy=april (APRIL) options")
+    workers: int = Field(0, ge=0, description="rollout workers: N Ray actors, each with its own engine, generate and "
+                         "score the step's prompts (0 = in-process; pip install 'rollwise[ray]'; dist/)")
+    worker_resources: WorkerResources = Field(default_factory=WorkerResources,
+                                              description="what each rollout worker reserves on the Ray cluster")
+    worker_restarts: int = Field(3, ge=0, description="rollout workers restarted after a crash, over the run; "
+                                 "their prompts are re-issued to the others either way")
+    score_on: Literal["workers", "driver"] = Field(
+        "workers", description="with rollout.workers: where reward functions run (workers = in parallel, each with "
+        "its own sandbox; driver = in the training process)")
 
 
 class OptimConfig(StrictModel):

@@ -141,6 +141,12 @@ def async_threads(cfg: RunConfig) -> int:
     return gen
 
 
+def sampling_params(rollout, tokenizer) -> SamplingParams:
+    """Training rollouts' sampling settings (``rollout.*``), stopping at the tokenizer's EOS."""
+    r = rollout
+    return SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, (tokenizer.eos_token_id,))
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -168,13 +174,19 @@ class Trainer:
                                   max_batch_size=cfg.rollout.max_batch_size, seed=cfg.seed, kind=cfg.rollout.engine)
         r = cfg.rollout
         self.stop_ids = (self.tokenizer.eos_token_id,)
-        self.sampling = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, self.stop_ids)
+        self.sampling = sampling_params(r, self.tokenizer)
         self.stats = PromptStats()  # per-prompt running statistics the controller reads
         self.set_controller(build_controller(cfg.control, r, cfg.seed, embed=self.embed_prompts))
         check_replay(cfg.replay, r)
         self.replay = build_replay(cfg.replay, seed=cfg.seed, prompts_per_step=r.prompts_per_step,
                                    total_steps=cfg.train.steps)
         self.eval_prompts = [self.tokenize(p) for p in self.task.eval[: cfg.train.eval_size]]
+        # where Generate runs: the trainer's engine, or Ray rollout workers (rollout.workers > 0; dist/)
+        self.rollouts = self.engine
+        if r.workers:
+            from rollwise.dist import WorkerPool
+
+            self.rollouts = WorkerPool(cfg, self.model)
         self.state = TrainState()
         self.pipeline: Pipeline | None = None  # train.mode=async: the producer thread (started by step())
         self.queued: list[Collected] = []  # async: batches a resumed checkpoint holds, generated but untrained
@@ -188,6 +200,13 @@ class Trainer:
         the generator around it: a pruning controller (arrol) samples through its pruner, one that
         overrides ``should_continue`` is asked at every ``continue_every`` tokens of a rollout."""
         self.controller = controller
+        if self.cfg.rollout.workers and (controller.prunes or controller.gates):
+            raise ConfigError(f"control.method={self.cfg.control.method} stops rollouts inside generation, on the "
+                              "driver's controller; rollout workers generate apart from it — set rollout.workers=0 "
+                              "or choose a controller that selects or allocates (`rollwise list controllers`)")
+        if self.cfg.rollout.workers and self.cfg.rollout.strategy == "april":
+            raise ConfigError("rollout.strategy=april carries partial rollouts from step to step inside one engine; "
+                              "with rollout.workers use rollout.strategy=group, tree or latr (or rollout.workers=0)")
         pruner = controller if controller.prunes else None  # arrol prunes inside generation
         gate = (lambda partial: controller.should_continue(partial, self.stats)) if controller.gates else None
         self.generator = build_generator(self.cfg.rollout, self.sampling, self.decode, pruner=pruner, gate=gate,
@@ -236,10 +255,15 @@ class Trainer:
         prompts, budgets = [p for p, _ in kept], [b for _, b in kept]
         # an extra round samples with its own seed, fixed by (step seed, round)
         seed = self.step_seed(step) if salt == 0 else hash((self.step_seed(step), salt)) & (2**62 - 1)
-        groups, metrics = self.generator.generate(engine, prompts, budgets, seed=seed)
+        remote = getattr(engine, "remote", False)  # dist.WorkerPool: workers run the strategy (and score)
+        if remote:
+            groups, metrics = engine.generate(prompts, budgets, seed=seed)
+        else:
+            groups, metrics = self.generator.generate(engine, prompts, budgets, seed=seed)
         sampled = engine.stats.decode_tokens - before  # every token the engine sampled, once
         clock.lap("generate")
-        metrics |= score_groups(groups, self.reward_fns)
+        if not (remote and engine.scores):
+            metrics |= score_groups(groups, self.reward_fns)
         if cfg.objective.overlong_shaping:
             metrics |= add_overlong_penalty(groups, cfg.rollout.max_new_tokens)
         for g in groups:
@@ -261,7 +285,7 @@ class Trainer:
             batch, waited = self.pipeline.take(self.state.step)
             metrics = self.train_on(batch, waited)
             return metrics | self.pipeline.metrics(self.state.step)
-        batch = self.collect(self.state.step, self.state.cursor, self.engine)
+        batch = self.collect(self.state.step, self.state.cursor, self.rollouts)
         self.state.cursor = batch.cursor
         return self.train_on(batch)
 
@@ -322,6 +346,8 @@ class Trainer:
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the LR this step trained with
         self.scheduler.step()  # once per training step, however many iterations the update ran
         self.engine.load_weights(self.model)  # in-process: parameters are shared, only the version moves
+        if self.rollouts is not self.engine and self.pipeline is None:  # sync with workers: they load at next use
+            self.rollouts.load_weights(self.model)
         update = time.perf_counter() - start
         self.state.step += 1
         self.state.generated_tokens += batch.tokens
@@ -370,7 +396,12 @@ class Trainer:
             self.state = TrainState(**load_checkpoint(ckpt, self.model, self.optimizer, self.scheduler))
             self.engine.load_weights(self.model)
             self.engine.version = self.state.step  # a token's version = optimizer steps before it was sampled
-            self.generator.load_state_dict(load_generator_state(ckpt) or {})
+            if self.rollouts is not self.engine:
+                self.rollouts.load_weights(self.model)
+                self.rollouts.version = self.state.step
+                self.rollouts.load_generator_state(load_generator_state(ckpt) or {})
+            else:
+                self.generator.load_state_dict(load_generator_state(ckpt) or {})
             control = load_control_state(ckpt) or {}
             self.controller.load_state_dict(control.get("controller", {}))
             self.stats.load_state_dict(control.get("stats", {}))
@@ -449,12 +480,16 @@ class Trainer:
                 control = {"controller": self.controller.state_dict(), "stats": self.stats.state_dict()}
             return save_checkpoint(self.run_dir, self.state.step, self.model, self.optimizer, self.scheduler,
                                    asdict(self.state), self.cfg.train.keep_checkpoints,
-                                   self.generator.state_dict() or None, control, queued,
+                                   self.generator_state() or None, control, queued,
                                    self.replay.state_dict() if self.cfg.replay.method != "none" else None,
                                    self.ref_model if self.state.reference_moved_at is not None else None)
         finally:
             if self.pipeline is not None:
                 self.pipeline.release()
+
+    def generator_state(self) -> dict:
+        """The rollout strategy's state: the trainer's generator's, or each rollout worker's."""
+        return self.rollouts.generator_state() if self.rollouts is not self.engine else self.generator.state_dict()
 
     def fit(self, until: Until | None = None, on_step: Callable[[int, dict], None] | None = None,
             on_eval: Callable[[int, EvalResult], None] | None = None) -> dict:
@@ -514,6 +549,9 @@ class Trainer:
             self.pipeline = None
         if self.log is not None:
             self.log.close()
+        if self.rollouts is not self.engine:  # the rollout workers' actors
+            self.rollouts.close()
+            self.rollouts = self.engine
         self.sandbox.close()
 
     def __enter__(self) -> "Trainer":

@@ -68,8 +68,12 @@ class Pipeline:
         self.model = copy.deepcopy(trainer.model).eval()  # the producer's own copy of the policy
         for p in self.model.parameters():
             p.requires_grad_(False)
-        self.engine = make_engine(self.model, pad_token_id=trainer.tokenizer.pad_token_id,
-                                  max_batch_size=cfg.rollout.max_batch_size, seed=cfg.seed, kind=cfg.rollout.engine)
+        if trainer.rollouts is not trainer.engine:  # rollout workers (dist/): the pool loads this copy's weights
+            self.engine = trainer.rollouts
+            self.engine.load_weights(self.model)
+        else:
+            self.engine = make_engine(self.model, pad_token_id=trainer.tokenizer.pad_token_id,
+                                      max_batch_size=cfg.rollout.max_batch_size, seed=cfg.seed, kind=cfg.rollout.engine)
         self.engine.version = trainer.state.step
         self.queue: deque = deque(queued or [])
         self.next_step = trainer.state.step + len(self.queue)  # the next batch the producer makes

@@ -1,0 +1,243 @@
+"""``rollout.workers`` (dist/): rollout workers as Ray actors, on a local Ray cluster.
+
+- a shard of a step (the prompts list with budget 0 for the others) samples exactly what the
+  whole step samples for those prompts, for every strategy (no Ray needed);
+- 2 workers train 3 steps and produce the same completions as the in-process run (sync, same
+  seed), parameters move, every prompt comes back;
+- a worker killed mid-step: its prompts are re-issued, the step completes with the same
+  completions, the worker is replaced;
+- async with workers equals async in-process; a run cut short and resumed with workers leaves
+  the files of the uninterrupted run; a SIGKILLed driver resumes (slow);
+- bad combinations are ConfigErrors.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+import torch
+from runfiles import assert_same_run, kill_and_resume
+
+from rollwise.config import ConfigError
+from rollwise.dist import balance, merge_metrics
+from rollwise.engine.sampling import SamplingParams
+from rollwise.engine.slots import SlotEngine
+from rollwise.generate import build_generator
+from rollwise.train.config import RolloutConfig, load_run_config
+from rollwise.train.loop import Trainer
+from rollwise.types import Prompt
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'rollwise[ray]'")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray cluster for this module, its files in a temporary directory of its own."""
+    tmp = tempfile.mkdtemp(prefix="rw-ray-")  # short: Ray's socket paths must fit 107 characters
+    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_ADDRESS")}
+    os.environ.update(RAY_TMPDIR=tmp, RAY_AUTH_MODE="disabled")  # no token written to ~/.ray
+    os.environ.pop("RAY_ADDRESS", None)
+    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sets(tmp_path, warm, name, *extra):
+    return [f"output_dir={tmp_path}", f"name={name}", f"model.path={warm}", "task.max_digits=1", "task.eval_size=8",
+            "model.threads=1", "train.eval_samples=2", "rollout.prompts_per_step=4", "rollout.num_generations=4",
+            "rollout.max_new_tokens=24", "optim.micro_batch_size=8", "optim.lr=1e-3", "train.steps=3", *extra]
+
+
+def run(tmp_path, warm, name, *extra, before_step=None):
+    """Fit a run; return (the completions of every trained batch, per-step metrics, final weights)."""
+    batches, steps = [], []
+    with Trainer(load_run_config(None, sets(tmp_path, warm, name, *extra))) as t:
+        t.prepare()
+        start = {k: v.clone() for k, v in t.model.state_dict().items()}
+        train_on = t.train_on
+
+        def spy(batch, waited=0.0):
+            batches.append([(g.prompt.id, [r.completion_ids for r in g.rollouts]) for g in batch.groups])
+            return train_on(batch, waited)
+
+        t.train_on = spy
+        if before_step is not None:
+            step = t.step
+
+            def hooked():
+                before_step(t)
+                return step()
+
+            t.step = hooked
+        t.fit(on_step=lambda s, m: steps.append(dict(m)))
+        weights = {k: v.clone() for k, v in t.model.state_dict().items()}
+    moved = any(not torch.equal(start[k], weights[k]) for k in start)
+    return batches, steps, weights, moved
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory, warm):
+    return run(tmp_path_factory.mktemp("local"), warm, "local")
+
+
+# -- no Ray: the shard invariant the workers rest on ------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["group", "tree", "latr"])
+def test_a_shard_samples_what_the_whole_step_samples(tiny, strategy):
+    model, tok = tiny
+    prompts = [Prompt(str(i), t, token_ids=tok(t)["input_ids"]) for i, t in enumerate(["1+2=", "3+4=", "5+6=", "7+8="])]
+    budgets = [4, 4, 4, 4]
+    rollout = RolloutConfig(strategy=strategy, max_new_tokens=16)
+    params = SamplingParams(max_new_tokens=16, stop_token_ids=(tok.eos_token_id,))
+
+    def sample(budgets):
+        engine = SlotEngine(model, pad_token_id=tok.pad_token_id, seed=0)
+        gen = build_generator(rollout, params, lambda ids: tok.decode(ids))
+        groups, _ = gen.generate(engine, prompts, budgets, seed=11)
+        return [[r.completion_ids for r in g.rollouts] for g in groups]
+
+    whole = sample(budgets)
+    left, right = sample([4, 0, 4, 0]), sample([0, 4, 0, 4])
+    assert left[1] == left[3] == right[0] == right[2] == []  # budget 0: an empty group, nothing sampled
+    assert [left[0], right[1], left[2], right[3]] == whole
+    assert all(len(g) == 4 for g in whole)
+
+
+def test_balance_and_merge():
+    assert balance([8, 8, 8, 8], 2) == [[0, 2], [1, 3]]
+    assert balance([12, 4, 4, 4], 2) == [[0], [1, 2, 3]]  # by rollouts, not prompts
+    assert balance([4, 0, 4], 3) == [[0], [2], []]
+    merged = merge_metrics([(1, {"tree/forks": 2.0, "tree/leaves_per_prompt": 4.0, "reward/x/errors": 1.0}),
+                            (3, {"tree/forks": 1.0, "tree/leaves_per_prompt": 8.0})])
+    assert merged == {"tree/forks": 3.0, "tree/leaves_per_prompt": 7.0, "reward/x/errors": 1.0}
+
+
+# -- on a local Ray cluster -----------------------------------------------------------------------
+
+
+def test_two_workers_train_like_the_in_process_run(tmp_path, warm, cluster, in_process):
+    local, local_steps, local_weights, _ = in_process
+    batches, steps, weights, moved = run(tmp_path, warm, "dist", "rollout.workers=2")
+    assert len(batches) == 3 and moved
+    assert batches == local  # same prompts, same completions, step after step
+    assert all(torch.equal(weights[k], local_weights[k]) for k in weights)
+    for m in steps:
+        assert m["dist/workers"] == 2 and m["dist/prompts_sent"] == m["dist/prompts_returned"] == 4
+        assert m["dist/lost_workers"] == m["dist/reissued_prompts"] == 0
+        assert m["time/weight_sync"] > 0  # every step loads the new version
+        assert m["rollouts/trained"] == 16
+    for a, b in zip(steps, local_steps):  # scored on the workers: the same rewards and reward metrics
+        assert a["reward/arith"] == b["reward/arith"] and a["reward/arith/errors"] == b["reward/arith/errors"] == 0
+        assert a["loss"] == b["loss"] and a["tokens/generated"] == b["tokens/generated"]
+
+
+def test_scoring_on_the_driver_gives_the_same_rewards(tmp_path, warm, cluster, in_process):
+    _, local_steps, _, _ = in_process
+    _, steps, _, _ = run(tmp_path, warm, "driver", "rollout.workers=2", "rollout.score_on=driver")
+    assert len(steps) == len(local_steps) == 3
+    for a, b in zip(steps, local_steps):
+        assert a["reward/mean"] == b["reward/mean"] and a["reward/arith"] == b["reward/arith"]
+
+
+def test_a_killed_worker_loses_no_prompt(tmp_path, warm, cluster, in_process):
+    local, _, _, _ = in_process
+    killed = []
+
+    def kill_first_worker_at_step_1(t):
+        pool = t.rollouts
+
+        def kill(pool):
+            if t.state.step == 1 and not killed:
+                killed.append(pool.workers[0])
+                ray.kill(pool.workers[0])  # while its shard is queued or running
+
+        pool.after_dispatch = kill
+
+    batches, steps, _, _ = run(tmp_path, warm, "kill", "rollout.workers=2", before_step=kill_first_worker_at_step_1)
+    assert len(killed) == 1
+    assert steps[1]["dist/lost_workers"] == 1 and steps[1]["dist/restarts"] == 1
+    assert steps[1]["dist/reissued_prompts"] == 2  # worker 0's shard: prompts 0 and 2
+    assert steps[1]["dist/prompts_returned"] == 4 and steps[1]["rollouts/trained"] == 16
+    assert batches == local  # the re-issued prompts sampled what worker 0 would have
+    assert steps[2]["dist/workers"] == 2 and steps[2]["dist/lost_workers"] == 0  # the replacement works
+
+
+def test_without_restarts_the_run_goes_on_with_fewer_workers(tmp_path, warm, cluster, in_process):
+    local, _, _, _ = in_process
+
+    def kill(t):
+        if t.state.step == 0:
+            t.rollouts.after_dispatch = lambda pool: (ray.kill(pool.workers[1]), setattr(pool, "after_dispatch", None))
+
+    batches, steps, _, _ = run(tmp_path, warm, "norestart", "rollout.workers=2", "rollout.worker_restarts=0",
+                               before_step=kill)
+    assert [m["dist/workers"] for m in steps] == [1, 1, 1] and steps[0]["dist/reissued_prompts"] == 2
+    assert batches == local
+
+
+def test_async_with_workers_equals_async_in_process(tmp_path, warm, cluster):
+    common = ("train.mode=async", "train.generation_threads=1", "train.max_staleness=1")
+    local, _, local_weights, _ = run(tmp_path, warm, "async_local", *common)
+    batches, steps, weights, _ = run(tmp_path, warm, "async_dist", *common, "rollout.workers=2")
+    assert batches == local and all(torch.equal(weights[k], local_weights[k]) for k in weights)
+    assert [m["staleness/max"] for m in steps] == [0, 1, 1]
+
+
+def test_resume_with_workers_leaves_the_files_of_the_uninterrupted_run(tmp_path, warm, cluster):
+    common = ["train.steps=4", "train.checkpoint_every=2", "train.eval_every=2", "rollout.workers=2",
+              "rollout.strategy=tree", "rollout.tree.branch_rule=entropy"]
+    with Trainer(load_run_config(None, sets(tmp_path, warm, "full", *common))) as full:
+        full.prepare()
+        full.fit()
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_3(step, _metrics):
+        if step == 3:
+            raise Crash
+
+    with Trainer(load_run_config(None, sets(tmp_path, warm, "cut", *common))) as first:
+        first.prepare()
+        with pytest.raises(Crash):
+            first.fit(on_step=crash_at_3)
+    with Trainer(load_run_config(None, sets(tmp_path, warm, "cut", *common))) as resumed:
+        resumed.prepare(resume=True)
+        assert resumed.state.step == 2
+        resumed.fit()
+    files = assert_same_run(tmp_path / "full", tmp_path / "cut")
+    state = torch.load(tmp_path / "cut" / "checkpoints" / "step_000004" / "generator.pt", weights_only=False)
+    assert len(state["workers"]) == 2 and all(s["entropies"] for s in state["workers"])  # each worker's window
+    assert "checkpoints/step_000004/generator.pt" in files
+
+
+@pytest.mark.slow
+def test_a_sigkilled_driver_with_workers_resumes_like_the_uninterrupted_run(tmp_path, warm, cluster):
+    """SIGKILL a real `rollwise train --set rollout.workers=2` driver (joined to this cluster through
+    RAY_ADDRESS; its actors die with it), then --resume it: the files of the run never killed."""
+    common = ["train.steps=6", "train.checkpoint_every=2", "train.eval_every=3", "rollout.workers=2"]
+    run_sets = [s for s in sets(tmp_path, warm, "x", *common) if not s.startswith(("output_dir=", "name="))]
+    os.environ["RAY_ADDRESS"] = cluster
+    try:
+        assert_same_run(*kill_and_resume(tmp_path, run_sets, "step_000002"))
+    finally:
+        os.environ.pop("RAY_ADDRESS", None)
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["rollout.strategy=april"], "april"),
+    (["control.method=arrol"], "arrol"),
+])
+def test_combinations_workers_cannot_run_are_config_errors(tmp_path, warm, extra, match):
+    with pytest.raises(ConfigError, match=match):
+        Trainer(load_run_config(None, sets(tmp_path, warm, "bad", "rollout.workers=2", *extra)))

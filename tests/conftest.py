@@ -12,6 +12,8 @@ failing example found that way becomes an explicit ``@example`` on the test.
 """
 
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -44,3 +46,23 @@ def warm(tmp_path_factory):
     with Trainer(cfg) as t:
         t.prepare()
     return out / "warm" / "init_model"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster for the session (dist/ tests), its files in a temporary directory of
+    its own; yields its address. Skips when the ray extra is not installed."""
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'rollwise[ray]'")
+    tmp = tempfile.mkdtemp(prefix="rw-ray-")  # short: Ray's socket paths must fit 107 characters
+    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_ADDRESS")}
+    os.environ.update(RAY_TMPDIR=tmp, RAY_AUTH_MODE="disabled")  # no token written to ~/.ray
+    os.environ.pop("RAY_ADDRESS", None)
+    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    shutil.rmtree(tmp, ignore_errors=True)

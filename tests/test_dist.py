@@ -14,8 +14,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import pytest
 import torch
@@ -34,21 +32,8 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip ins
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A local Ray cluster for this module, its files in a temporary directory of its own."""
-    tmp = tempfile.mkdtemp(prefix="rw-ray-")  # short: Ray's socket paths must fit 107 characters
-    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_ADDRESS")}
-    os.environ.update(RAY_TMPDIR=tmp, RAY_AUTH_MODE="disabled")  # no token written to ~/.ray
-    os.environ.pop("RAY_ADDRESS", None)
-    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    shutil.rmtree(tmp, ignore_errors=True)
+def cluster(ray_cluster):
+    return ray_cluster
 
 
 def sets(tmp_path, warm, name, *extra):

@@ -44,6 +44,9 @@ class RolloutWorker:
         from rollwise.train.config import RunConfig
         from rollwise.train.loop import sampling_params
 
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # one "Loading weights" bar per worker start, in the driver's log
         cfg = RunConfig.model_validate(config)
         torch.set_num_threads(threads)
         self.sandbox = Sandbox(cfg.sandbox)

@@ -170,6 +170,14 @@ def test_without_restarts_the_run_goes_on_with_fewer_workers(tmp_path, warm, clu
     assert batches == local
 
 
+def test_losing_the_last_worker_is_a_clear_error(tmp_path, warm, cluster):
+    def kill(t):
+        t.rollouts.after_dispatch = lambda pool: ray.kill(pool.workers[0])
+
+    with pytest.raises(RuntimeError, match="every rollout worker died"):
+        run(tmp_path, warm, "last", "rollout.workers=1", "rollout.worker_restarts=0", before_step=kill)
+
+
 def test_async_with_workers_equals_async_in_process(tmp_path, warm, cluster):
     common = ("train.mode=async", "train.generation_threads=1", "train.max_staleness=1")
     local, _, local_weights, _ = run(tmp_path, warm, "async_local", *common)

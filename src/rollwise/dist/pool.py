@@ -12,7 +12,8 @@ its state dict in the object store once (a sync id), and each worker loads it be
 shard when it holds an older one. ``time/weight_sync`` is that step's put plus the slowest
 worker's load.
 
-**Faults.** A shard whose worker died (killed actor, OOM, lost node: Ray's ``RayActorError``)
+**Faults.** A shard whose worker died (killed actor, OOM, lost node: Ray's ``RayActorError``,
+``WorkerCrashedError``, ``OutOfMemoryError``)
 is re-issued to the live worker with the least work queued; its seeds are the prompts',
 not the worker's, so the completions are the ones it would have made. The lost worker is
 replaced by a new actor while the run has restarts left (``rollout.worker_restarts``); with
@@ -111,6 +112,8 @@ class WorkerPool:
         """The groups of ``prompts`` (``budgets[i]`` rollouts each), sampled by the workers, scored
         when they score; with the merged strategy metrics and this call's dist/ counters."""
         ray = self.ray
+        exc = ray.exceptions
+        died = (exc.RayActorError, exc.WorkerCrashedError, exc.OutOfMemoryError)  # the worker, not its code, failed
         put_start = time.perf_counter()
         sync, ref = self.publish()
         put = time.perf_counter() - put_start
@@ -134,7 +137,7 @@ class WorkerPool:
             worker, indices = pending.pop(future)
             try:
                 result = ray.get(future)
-            except ray.exceptions.RayActorError as err:
+            except died as err:
                 lost += 1
                 restarts += self.replace(worker, err)
                 if not self.workers:
@@ -191,6 +194,7 @@ class WorkerPool:
         """Drop a dead worker; start a new one in its place while restarts are left (1 if started)."""
         i = self.workers.index(worker)
         log.warning("rollout worker %d died (%s); its prompts go to the others", i, type(err).__name__)
+        self.ray.kill(worker)  # dead already, or alive after an OOM-killed task: either way, gone
         if self.restarts_left > 0:
             self.restarts_left -= 1
             self.workers[i] = self.spawn()

@@ -227,6 +227,16 @@ def test_a_sigkilled_driver_with_workers_resumes_like_the_uninterrupted_run(tmp_
         os.environ.pop("RAY_ADDRESS", None)
 
 
+def test_without_ray_installed_workers_are_a_config_error(monkeypatch):
+    import sys
+
+    from rollwise.dist import connect
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(ConfigError, match=r"pip install 'rollwise\[ray\]'"):
+        connect()
+
+
 @pytest.mark.parametrize("extra, match", [
     (["rollout.strategy=april"], "april"),
     (["control.method=arrol"], "arrol"),

@@ -98,6 +98,14 @@ def test_a_shard_samples_what_the_whole_step_samples(tiny, strategy):
     assert all(len(g) == 4 for g in whole)
 
 
+def test_weights_travel_as_numpy_and_come_back_bit_equal():
+    from rollwise.dist.pool import from_numpy, to_numpy
+
+    state = {"w": torch.randn(3, 4), "b": torch.randn(5).to(torch.bfloat16), "i": torch.arange(4)}
+    back = from_numpy(to_numpy(state))
+    assert all(back[k].dtype == state[k].dtype and torch.equal(back[k], state[k]) for k in state)
+
+
 def test_balance_and_merge():
     assert balance([8, 8, 8, 8], 2) == [[0, 2], [1, 3]]
     assert balance([12, 4, 4, 4], 2) == [[0], [1, 2, 3]]  # by rollouts, not prompts

@@ -8,7 +8,8 @@ prompt order), sends each worker the whole prompt list with budget 0 for the pro
 not sample, and puts the groups back in prompt order as the shards come in.
 
 **Weights.** ``load_weights`` only marks the policy as changed; the next ``generate`` puts
-its state dict in the object store once (a sync id), and each worker loads it before its
+its state dict in the object store once (a sync id; as numpy arrays, which Ray shares between
+processes of a node without copying), and each worker loads it before its
 shard when it holds an older one. ``time/weight_sync`` is that step's put plus the slowest
 worker's load.
 
@@ -31,8 +32,11 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import torch
 
 from rollwise.config import ConfigError
 from rollwise.types import Prompt, RolloutGroup
@@ -166,8 +170,7 @@ class WorkerPool:
         """The current weights' (sync id, object ref), put in the object store if not yet."""
         if self.weights is None or self.weights[0] != self.sync:
             source = self.model.state_dict() if hasattr(self.model, "state_dict") else self.model
-            state = {k: v.detach().to("cpu", copy=True) for k, v in source.items()}
-            self.weights = (self.sync, self.ray.put(state))
+            self.weights = (self.sync, self.ray.put(to_numpy(source)))
             self.stats.syncs += 1
         return self.weights
 
@@ -257,4 +260,25 @@ def merge_metrics(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float]
         else:
             total = sum(w for w, _ in have)
             out[k] = float(sum(w * v for w, v in have) / total) if total else float(have[0][1])
+    return out
+
+
+def to_numpy(state: dict) -> dict:
+    """A state dict as numpy arrays (bfloat16 as its int16 bits, with the dtype's name): Ray keeps
+    numpy arrays in shared memory and a worker on the node reads them without a copy."""
+    out = {}
+    for k, v in state.items():
+        t = v.detach().cpu()  # a view of a CPU parameter: ray.put copies it into the object store
+        out[k] = (t.view(torch.int16).numpy(), "bfloat16") if t.dtype == torch.bfloat16 else (t.numpy(), None)
+    return out
+
+
+def from_numpy(state: dict) -> dict:
+    """``to_numpy``'s inverse (zero-copy views: ``load_state_dict`` copies them into the model)."""
+    out = {}
+    for k, (a, dtype) in state.items():
+        with warnings.catch_warnings():  # Ray's shared arrays are read-only; nothing writes to these views
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(a)
+        out[k] = t.view(torch.bfloat16) if dtype == "bfloat16" else t
     return out

@@ -92,8 +92,10 @@ class RolloutWorker:
     def load(self, ref) -> None:
         import ray
 
+        from rollwise.dist.pool import from_numpy
+
         state = ray.get(ref) if isinstance(ref, ray.ObjectRef) else ref
-        self.model.load_state_dict(state)
+        self.model.load_state_dict(from_numpy(state))
         self.engine.load_weights(self.model)
 
     def generator_state(self) -> dict:

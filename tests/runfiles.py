@@ -86,6 +86,44 @@ def assert_same_run(a: Path, b: Path) -> list[str]:
     return files
 
 
+class Crash(Exception):
+    """Raised inside ``Trainer.fit`` by ``crash_and_resume``: the run stops as a killed one would."""
+
+
+def crash_and_resume(config, crash_at: int, on_crash=None, on_resume=None) -> tuple[Path, Path]:
+    """Fit run ``full`` to the end; fit run ``cut`` and raise inside the loop once step
+    ``crash_at`` is logged (``on_crash(trainer)`` first, e.g. to write what a kill would lose),
+    then resume ``cut`` from its last checkpoint (``on_resume(trainer)`` before it goes on) and
+    fit it to the end. ``config(name)`` gives each run's RunConfig. Returns both run directories."""
+    from rollwise.train.loop import Trainer
+
+    with Trainer(config("full")) as full:
+        full.prepare()
+        full.fit()
+
+    with Trainer(config("cut")) as first:
+        first.prepare()
+
+        def crash(step, _metrics):
+            if step == crash_at:
+                if on_crash is not None:
+                    on_crash(first)
+                raise Crash
+
+        try:
+            first.fit(on_step=crash)
+        except Crash:
+            pass
+        else:
+            raise AssertionError(f"the run ended before step {crash_at}")
+    with Trainer(config("cut")) as resumed:
+        resumed.prepare(resume=True)
+        if on_resume is not None:
+            on_resume(resumed)
+        resumed.fit()
+    return full.run_dir, resumed.run_dir
+
+
 def kill_and_resume(run_dir: Path, sets: list[str], kill_after: str) -> tuple[Path, Path]:
     """Run ``rollwise train --set ...`` to the end as ``whole``; run it again as ``killed``,
     SIGKILL it once ``checkpoints/<kill_after>`` exists, and ``--resume`` it to the end.

@@ -12,7 +12,7 @@
 
 import pytest
 import torch
-from runfiles import assert_same_run, kill_and_resume
+from runfiles import assert_same_run, crash_and_resume, kill_and_resume
 
 from rollwise.config import ConfigError
 from rollwise.train.config import load_run_config
@@ -86,26 +86,12 @@ def test_async_learns_like_sync_and_differs_from_it(tmp_path, warm):
 def test_resume_leaves_the_files_of_the_uninterrupted_run(tmp_path, warm, extra):
     common = ["train.steps=7", "train.eval_every=3", "train.checkpoint_every=2", *extra]
 
-    with Trainer(load_run_config(None, sets(tmp_path, warm, "full", *common))) as full:
-        full.prepare()
-        full.fit()
-
-    class Crash(Exception):
-        pass
-
-    def crash_at_5(step, _metrics):
-        if step == 5:  # after the step-4 checkpoint: steps 4-5 and the queued batches 5-6 are lost
-            raise Crash
-
-    with Trainer(load_run_config(None, sets(tmp_path, warm, "cut", *common))) as first:
-        first.prepare()
-        with pytest.raises(Crash):
-            first.fit(on_step=crash_at_5)
-    with Trainer(load_run_config(None, sets(tmp_path, warm, "cut", *common))) as resumed:
-        resumed.prepare(resume=True)
+    def check(resumed):
         k = resumed.cfg.train.max_staleness if resumed.cfg.train.mode == "async" else 0
         assert resumed.state.step == 4 and [b.step for b in resumed.queued] == list(range(4, 4 + k))  # not trained
-        resumed.fit()
+
+    # crash after the step-4 checkpoint: steps 4-5 and the queued batches 5-6 are lost
+    crash_and_resume(lambda name: load_run_config(None, sets(tmp_path, warm, name, *common)), 5, on_resume=check)
     files = assert_same_run(tmp_path / "full", tmp_path / "cut")
     assert ("checkpoints/step_000006/pipeline.pt" in files) == ("train.mode=async" in extra)
     assert ("checkpoints/step_000006/replay.pt" in files) == any(e.startswith("replay.") for e in extra)

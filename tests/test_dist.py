@@ -17,7 +17,7 @@ import os
 
 import pytest
 import torch
-from runfiles import assert_same_run, kill_and_resume
+from runfiles import assert_same_run, crash_and_resume, kill_and_resume
 
 from rollwise.config import ConfigError
 from rollwise.dist import balance, merge_metrics
@@ -197,25 +197,11 @@ def test_async_with_workers_equals_async_in_process(tmp_path, warm, cluster):
 def test_resume_with_workers_leaves_the_files_of_the_uninterrupted_run(tmp_path, warm, cluster):
     common = ["train.steps=4", "train.checkpoint_every=2", "train.eval_every=2", "rollout.workers=2",
               "rollout.strategy=tree", "rollout.tree.branch_rule=entropy"]
-    with Trainer(load_run_config(None, sets(tmp_path, warm, "full", *common))) as full:
-        full.prepare()
-        full.fit()
 
-    class Crash(Exception):
-        pass
+    def check(resumed):
+        assert resumed.state.step == 2 and len(resumed.rollouts.workers) == 2
 
-    def crash_at_3(step, _metrics):
-        if step == 3:
-            raise Crash
-
-    with Trainer(load_run_config(None, sets(tmp_path, warm, "cut", *common))) as first:
-        first.prepare()
-        with pytest.raises(Crash):
-            first.fit(on_step=crash_at_3)
-    with Trainer(load_run_config(None, sets(tmp_path, warm, "cut", *common))) as resumed:
-        resumed.prepare(resume=True)
-        assert resumed.state.step == 2
-        resumed.fit()
+    crash_and_resume(lambda name: load_run_config(None, sets(tmp_path, warm, name, *common)), 3, on_resume=check)
     files = assert_same_run(tmp_path / "full", tmp_path / "cut")
     state = torch.load(tmp_path / "cut" / "checkpoints" / "step_000004" / "generator.pt", weights_only=False)
     assert len(state["workers"]) == 2 and all(s["entropies"] for s in state["workers"])  # each worker's window

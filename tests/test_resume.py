@@ -8,7 +8,7 @@ strategy state and controller state (PromptStats included) — timings aside. On
 
 
 import pytest
-from runfiles import assert_same_run, kill_and_resume
+from runfiles import assert_same_run, crash_and_resume, kill_and_resume
 
 from rollwise.train.config import load_run_config
 from rollwise.train.loop import Trainer
@@ -35,26 +35,14 @@ def config(tmp_path, name, *extra):
 ])
 def test_resume_leaves_the_files_of_the_uninterrupted_run(tmp_path, extra):
     sets = ["train.steps=8", "train.eval_every=4", "train.checkpoint_every=3", *extra]
-    with Trainer(config(tmp_path, "full", *sets)) as full:
-        full.prepare()
-        full.fit()
 
-    class Crash(Exception):
-        pass
+    def lose_a_line(first):  # after step 4 was logged, before its eval: work after the step-3 checkpoint is lost
+        first.log.log_samples(4, [{"lost": True}])
 
-    def crash_at_4(step, _metrics):
-        if step == 4:  # after step 4 was logged, before its eval: work after the step-3 checkpoint is lost
-            first.log.log_samples(4, [{"lost": True}])
-            raise Crash
-
-    with Trainer(config(tmp_path, "cut", *sets)) as first:
-        first.prepare()
-        with pytest.raises(Crash):
-            first.fit(on_step=crash_at_4)
-    with Trainer(config(tmp_path, "cut", *sets)) as resumed:
-        resumed.prepare(resume=True)
+    def check(resumed):
         assert resumed.state.step == 3 and resumed.engine.version == 3
-        resumed.fit()
+
+    crash_and_resume(lambda name: config(tmp_path, name, *sets), 4, on_crash=lose_a_line, on_resume=check)
 
     logged = [m["step"] for m in read_metrics(tmp_path / "cut") if "loss" in m]
     assert logged == list(range(1, 9))  # the lost step-4 line was dropped, then produced again

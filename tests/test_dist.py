@@ -142,6 +142,35 @@ def test_scoring_on_the_driver_gives_the_same_rewards(tmp_path, warm, cluster, i
         assert a["reward/mean"] == b["reward/mean"] and a["reward/arith"] == b["reward/arith"]
 
 
+def test_code_rewards_run_in_the_workers_sandboxes(tmp_path, cluster):
+    """The code task's reward runs model-written code in each worker's own sandbox: the same scores
+    and reasons as in-process, computed on the workers."""
+    def scored(name, *extra):
+        cfg = load_run_config(None, [
+            f"output_dir={tmp_path}", f"name={name}", "task.name=code", "task.eval_size=4", "sft.steps=5",
+            "train.steps=1", "train.eval_samples=0", "rollout.prompts_per_step=4", "rollout.num_generations=4",
+            "rollout.max_new_tokens=12", "model.threads=1", "train.checkpoint_every=0", *extra])
+        out, steps = [], []
+        with Trainer(cfg) as t:
+            t.prepare()
+            train_on = t.train_on
+
+            def spy(batch, waited=0.0):
+                out.extend((r.completion_text, r.reward_components, r.reward_reasons)
+                           for g in batch.groups for r in g.rollouts)
+                return train_on(batch, waited)
+
+            t.train_on = spy
+            t.fit(on_step=lambda s, m: steps.append(m))
+        return out, steps
+
+    local, _ = scored("code_local")
+    remote, steps = scored("code_dist", "rollout.workers=2")
+    assert remote == local and len(local) == 16
+    assert any(reasons for _, _, reasons in remote)  # the sandbox ran and said why code failed
+    assert steps[0]["time/worker_score"] > 0 and steps[0]["reward/code_fn/errors"] == 0
+
+
 def test_a_killed_worker_loses_no_prompt(tmp_path, warm, cluster, in_process):
     local, _, _, _ = in_process
     killed = []

@@ -156,9 +156,8 @@ class WorkerPool:
             loads.append(result.seconds.get("load", 0.0))
         groups, metrics = self.merge(prompts, budgets, results)
         self.stats.decode_tokens += sum(r.sampled_tokens for r in results)
-        sync_time = put + max(loads)
-        if put or max(loads):
-            self.stats.sync_seconds += sync_time
+        sync_time = put + max(loads)  # ~0 when the workers already held this version
+        self.stats.sync_seconds += sync_time
         metrics |= {"dist/workers": float(len(self.workers)), "dist/lost_workers": float(lost),
                     "dist/reissued_prompts": float(reissued), "dist/restarts": float(restarts),
                     "time/weight_sync": sync_time,

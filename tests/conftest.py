@@ -51,22 +51,27 @@ def warm(tmp_path_factory):
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A local Ray cluster for the session (dist/ tests), its files in a temporary directory of
-    its own; yields its address. Skips when the ray extra is not installed."""
+    its own; yields its address. Skips when the ray extra is not installed or a local cluster
+    cannot start here (it needs local sockets and shared memory), saying why."""
     ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'rollwise[ray]'")
     tmp = tempfile.mkdtemp(prefix="rw-ray-")  # short: Ray's socket paths must fit 107 characters
     saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_ADDRESS")}
+
+    def restore():
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(tmp, ignore_errors=True)
+
     os.environ.update(RAY_TMPDIR=tmp, RAY_AUTH_MODE="disabled")  # no token written to ~/.ray
     os.environ.pop("RAY_ADDRESS", None)
     try:
         ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)
     except Exception as err:  # noqa: BLE001 — e.g. a container that forbids its sockets or shared memory
-        shutil.rmtree(tmp, ignore_errors=True)
+        restore()
         pytest.skip(f"a local Ray cluster cannot start on this machine: {type(err).__name__}: {err}")
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    shutil.rmtree(tmp, ignore_errors=True)
+    restore()

@@ -328,3 +328,11 @@ def test_report_to_errors_name_the_fix(monkeypatch):
     with pytest.raises(ConfigError, match=r"pip install 'rollwise\[tensorboard\]'"):
         MetricsLog(Path("."), report_to=["tensorboard"])
     assert load_run_config(None, []).train.report_to == []
+
+
+def test_metrics_go_to_their_groups():
+    from rollwise.report.plots import group_metrics
+
+    grouped = group_metrics(["kl", "kl_prox", "reward/mean", "dist/workers", "time/weight_sync", "staleness/max", "zzz"])
+    assert grouped == {"reward": ["reward/mean"], "kl": ["kl", "kl_prox"], "strategy": ["staleness/max"],
+                       "dist": ["dist/workers"], "time": ["time/weight_sync"], "other": ["zzz"]}

@@ -1,0 +1,73 @@
+"""The commands the README and docs/ show are commands rollwise accepts.
+
+Every ``.venv/bin/rollwise ...`` line (continuations joined, comments dropped) is parsed by the
+CLI itself, with ``--help`` appended so nothing runs: its subcommand must exist and its options
+must be the command's. For ``train``,
+``sft`` and ``eval`` the recipe and every ``--set key=value`` go through the run config's
+validation, so a renamed or mistyped key in the docs fails here, not in a user's terminal.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rollwise.cli import app
+from rollwise.train.config import load_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMAND = re.compile(r"^(?:[A-Z_]+=\S+\s+)*\.venv/bin/rollwise\s+(.*)$")
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(where, the arguments after ``rollwise``) for every command line in README.md and docs/*.md."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        lines = path.read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            line, where = lines[i].strip(), f"{path.name}:{i + 1}"
+            while line.endswith("\\") and i + 1 < len(lines):  # a continued shell line
+                i += 1
+                line = line[:-1] + " " + lines[i].strip()
+            m = COMMAND.match(line)
+            if m:
+                found.append((where, m.group(1)))
+            i += 1
+    return found
+
+
+COMMANDS = documented_commands()
+
+
+def test_the_docs_show_commands():
+    assert len(COMMANDS) > 20
+    assert any(args.startswith("train ") for _, args in COMMANDS)
+
+
+@pytest.mark.parametrize("where, args", COMMANDS, ids=[w for w, _ in COMMANDS])
+def test_a_documented_command_parses(where, args):
+    tokens = shlex.split(args, comments=True)
+    assert_parses(tokens, where)
+    if tokens[0] in ("train", "sft", "eval"):
+        rest = tokens[1:]
+        sets = [rest[i + 1] for i, t in enumerate(rest) if t in ("--set", "-s")]
+        recipe = rest[0] if rest and not rest[0].startswith("-") and (ROOT / rest[0]).is_file() else None
+        load_run_config(str(ROOT / recipe) if recipe else None, sets)  # a ConfigError names the key
+
+
+def assert_parses(tokens: list[str], where: str = "") -> None:
+    """The CLI parses ``tokens`` (``--help`` appended: the command itself never runs)."""
+    result = CliRunner().invoke(app, [*tokens, "--help"])
+    assert result.exit_code == 0, f"{where}: `rollwise {shlex.join(tokens)}`: {result.output}"
+
+
+def test_a_wrong_option_is_caught():
+    """The check can fail: an option `train` does not have, or a command that does not exist."""
+    for tokens in (["train", "--config", "recipes/demo.yaml"], ["bench", "nosuch"]):
+        with pytest.raises(AssertionError):
+            assert_parses(tokens)

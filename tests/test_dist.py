@@ -176,7 +176,7 @@ def test_a_killed_worker_loses_no_prompt(tmp_path, warm, cluster, in_process):
     killed = []
 
     def kill_first_worker_at_step_1(t):
-        pool = t.rollouts
+        pool = t.pool
 
         def kill(pool):
             if t.state.step == 1 and not killed:
@@ -199,7 +199,7 @@ def test_without_restarts_the_run_goes_on_with_fewer_workers(tmp_path, warm, clu
 
     def kill(t):
         if t.state.step == 0:
-            t.rollouts.after_dispatch = lambda pool: (ray.kill(pool.workers[1]), setattr(pool, "after_dispatch", None))
+            t.pool.after_dispatch = lambda pool: (ray.kill(pool.workers[1]), setattr(pool, "after_dispatch", None))
 
     batches, steps, _, _ = run(tmp_path, warm, "norestart", "rollout.workers=2", "rollout.worker_restarts=0",
                                before_step=kill)
@@ -209,7 +209,7 @@ def test_without_restarts_the_run_goes_on_with_fewer_workers(tmp_path, warm, clu
 
 def test_losing_the_last_worker_is_a_clear_error(tmp_path, warm, cluster):
     def kill(t):
-        t.rollouts.after_dispatch = lambda pool: ray.kill(pool.workers[0])
+        t.pool.after_dispatch = lambda pool: ray.kill(pool.workers[0])
 
     with pytest.raises(RuntimeError, match="every rollout worker died"):
         run(tmp_path, warm, "last", "rollout.workers=1", "rollout.worker_restarts=0", before_step=kill)
@@ -228,7 +228,7 @@ def test_resume_with_workers_leaves_the_files_of_the_uninterrupted_run(tmp_path,
               "rollout.strategy=tree", "rollout.tree.branch_rule=entropy"]
 
     def check(resumed):
-        assert resumed.state.step == 2 and len(resumed.rollouts.workers) == 2
+        assert resumed.state.step == 2 and len(resumed.pool.workers) == 2
 
     crash_and_resume(lambda name: load_run_config(None, sets(tmp_path, warm, name, *common)), 3, on_resume=check)
     files = assert_same_run(tmp_path / "full", tmp_path / "cut")

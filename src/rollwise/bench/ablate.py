@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from rollwise.bench.control import task_sets, tokens_to_reach
+from rollwise.bench.control import task_sets, tokens_to_reach, warm_start
 from rollwise.bench.engine import _quiet_transformers
 from rollwise.config import ConfigError, StrictModel, apply_overrides, validate
 from rollwise.report.runs import read_jsonl
@@ -144,19 +144,10 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
 
 
 def _warm_start(cfg: AblateBenchConfig, task: str, out: Path, console) -> Path:
-    from rollwise.train.config import load_run_config
-    from rollwise.train.loop import Trainer
-
     model_dir = out / f"warm_{task}" / "init_model"
     if (model_dir / "config.json").exists():  # a resumed ablation keeps its warm start
         return model_dir
-    with console.status(f"{task}: SFT warm start ({cfg.sft_steps} steps)"):
-        run = load_run_config(None, [f"output_dir={out}", f"name=warm_{task}", "seed=0", f"model.preset={cfg.preset}",
-                                     *task_sets(cfg, task), f"sft.steps={cfg.sft_steps}", "train.steps=0",
-                                     f"model.threads={torch.get_num_threads()}"])
-        with Trainer(run) as trainer:
-            trainer.prepare()
-    return model_dir
+    return warm_start(cfg, task, out, console)
 
 
 def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out: Path, console) -> dict:
@@ -243,6 +234,18 @@ def summarize(runs: list[dict], arms: list[str]) -> dict[str, dict]:
     return table
 
 
+def _delta(row: dict) -> str:
+    """Δ vs the baseline in points with its interval, as the ledgers print it."""
+    if "difference" not in row:
+        return "—"
+    lo, hi = row["ci95"]
+    return f"{row['difference'] * 100:+.1f} [{lo * 100:+.1f}, {hi * 100:+.1f}]"
+
+
+def _ratio(row: dict) -> str:
+    return "—" if row["tokens_ratio"] is None else f"{row['tokens_ratio']:.2f}×"
+
+
 def to_markdown(ledger: dict) -> str:
     lines = [f"Command: `{ledger['command']}`", ""]
     for task, table in ledger["tasks"].items():
@@ -253,10 +256,8 @@ def to_markdown(ledger: dict) -> str:
             if "refused" in row:
                 lines.append(f"| {arm} | {line} | — | — | — | — | refused: {row['refused']} |")
                 continue
-            delta = "—" if "difference" not in row else (
-                f"{row['difference'] * 100:+.1f} [{row['ci95'][0] * 100:+.1f}, {row['ci95'][1] * 100:+.1f}]")
-            ratio = "—" if row["tokens_ratio"] is None else f"{row['tokens_ratio']:.2f}× ({row['reached']}/{row['seeds']})"
-            lines.append(f"| {arm} | {line} | {row['accuracy_mean']:.1%} | {delta} | {ratio} | "
+            ratio = _ratio(row) + ("" if row["tokens_ratio"] is None else f" ({row['reached']}/{row['seeds']})")
+            lines.append(f"| {arm} | {line} | {row['accuracy_mean']:.1%} | {_delta(row)} | {ratio} | "
                          f"{row['wall_seconds']:.0f} | {row.get('verdict', '—')} |")
         lines.append("")
     return "\n".join(lines)
@@ -274,10 +275,7 @@ def write_ledger(ledger: dict, out: Path) -> None:
             if "refused" in row:
                 cells = [arm, "—", "—", "—", "—", "refused: " + row["refused"]]
             else:
-                delta = "—" if "difference" not in row else (
-                    f"{row['difference'] * 100:+.1f} [{row['ci95'][0] * 100:+.1f}, {row['ci95'][1] * 100:+.1f}]")
-                ratio = "—" if row["tokens_ratio"] is None else f"{row['tokens_ratio']:.2f}×"
-                cells = [arm, f"{row['accuracy_mean']:.1%}", delta, ratio, f"{row['wall_seconds']:.0f}",
+                cells = [arm, f"{row['accuracy_mean']:.1%}", _delta(row), _ratio(row), f"{row['wall_seconds']:.0f}",
                          row.get("verdict", "—")]
             rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
         rows.append("</table>")

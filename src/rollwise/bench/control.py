@@ -77,7 +77,7 @@ def run_control_bench(overrides: list[str], console, json_path: Path | None = No
         with _quiet_transformers(), torch.random.fork_rng(), tempfile.TemporaryDirectory() as tmp:
             out = {"settings": cfg.model_dump(), "torch_threads": torch.get_num_threads(), "tasks": {}}
             for task in cfg.tasks:
-                warm = _warm_start(cfg, task, Path(tmp), console)
+                warm = warm_start(cfg, task, Path(tmp), console)
                 runs = _arms(cfg, task, warm, Path(tmp), console)
                 out["tasks"][task] = {"runs": runs, "table": summarize(runs, cfg.arms)}
                 if json_path is not None:  # a long run keeps what it measured so far
@@ -98,7 +98,8 @@ def task_sets(cfg, task: str) -> list[str]:
             f"rollout.max_new_tokens={cfg.countdown_max_new_tokens}"]
 
 
-def _warm_start(cfg: ControlBenchConfig, task: str, tmp: Path, console) -> Path:
+def warm_start(cfg, task: str, tmp: Path, console) -> Path:
+    """SFT warm start of ``task`` at a bench's settings (``preset``, ``sft_steps``, task fields) in ``tmp/warm_<task>``."""
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
 

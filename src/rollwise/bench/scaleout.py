@@ -144,7 +144,7 @@ def weight_sync(cfg: DistBenchConfig, preset: str, tmp: Path, console) -> dict:
     with console.status(f"weight sync, {preset}"):
         with _trainer(cfg, tmp, f"sync_{preset}", f"model.preset={preset}", "sft.steps=0", "model.threads=1",
                       "rollout.workers=2") as t:
-            pool, model = t.rollouts, t.model
+            pool, model = t.pool, t.model
             prompt = t.prompt_source().fresh(1)
             pool.generate(prompt * 2, [1, 1], seed=0)  # both actors' start-up
             puts, loads = [], []

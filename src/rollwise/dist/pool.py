@@ -45,8 +45,7 @@ log = logging.getLogger("rollwise")
 
 # metrics summed over shards (counts); every other strategy metric is a mean, weighted by the
 # shard's prompts (leaves_per_prompt, shared_token_ratio, ...)
-SUMMED = ("forks", "wasted_tokens", "fallback_prompts", "branches", "pruned", "errors", "stopped_rollouts",
-          "stopped_tokens")
+SUMMED = ("forks", "wasted_tokens", "fallback_prompts", "branches", "pruned", "errors")
 
 
 def connect():
@@ -67,8 +66,6 @@ def connect():
 @dataclass
 class PoolStats:
     decode_tokens: int = 0  # tokens the workers sampled (what the loop counts as generated)
-    syncs: int = 0  # state dicts put in the object store
-    sync_seconds: float = 0.0  # their put time plus the slowest worker's load, summed
 
 
 class WorkerPool:
@@ -156,11 +153,9 @@ class WorkerPool:
             loads.append(result.seconds.get("load", 0.0))
         groups, metrics = self.merge(prompts, budgets, results)
         self.stats.decode_tokens += sum(r.sampled_tokens for r in results)
-        sync_time = put + max(loads)  # ~0 when the workers already held this version
-        self.stats.sync_seconds += sync_time
         metrics |= {"dist/workers": float(len(self.workers)), "dist/lost_workers": float(lost),
                     "dist/reissued_prompts": float(reissued), "dist/restarts": float(restarts),
-                    "time/weight_sync": sync_time,
+                    "time/weight_sync": put + max(loads),  # ~0 when the workers already held this version
                     "time/worker_generate": max((r.seconds["generate"] for r in results), default=0.0),
                     "time/worker_score": max((r.seconds["score"] for r in results), default=0.0)}
         return groups, metrics
@@ -170,7 +165,6 @@ class WorkerPool:
         if self.weights is None or self.weights[0] != self.sync:
             source = self.model.state_dict() if hasattr(self.model, "state_dict") else self.model
             self.weights = (self.sync, self.ray.put(to_numpy(source)))
-            self.stats.syncs += 1
         return self.weights
 
     def merge(self, prompts: list[Prompt], budgets: list[int],

@@ -9,8 +9,7 @@ controller does, and sends the step's whole prompt list with budget 0 for the pr
 workers sample, so that every request's seed is the one the in-process run would use.
 
 This module imports no Ray at module level: the pool wraps ``RolloutWorker`` with
-``ray.remote`` when a run asks for workers, and the class runs in-process just as well
-(tests construct it directly).
+``ray.remote`` when a run asks for workers.
 """
 
 from __future__ import annotations
@@ -94,8 +93,7 @@ class RolloutWorker:
 
         from rollwise.dist.pool import from_numpy
 
-        state = ray.get(ref) if isinstance(ref, ray.ObjectRef) else ref
-        self.model.load_state_dict(from_numpy(state))
+        self.model.load_state_dict(from_numpy(ray.get(ref)))
         self.engine.load_weights(self.model)
 
     def generator_state(self) -> dict:

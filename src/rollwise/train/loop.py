@@ -143,8 +143,8 @@ def async_threads(cfg: RunConfig) -> int:
 
 def sampling_params(rollout, tokenizer) -> SamplingParams:
     """Training rollouts' sampling settings (``rollout.*``), stopping at the tokenizer's EOS."""
-    r = rollout
-    return SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, (tokenizer.eos_token_id,))
+    return SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k, rollout.max_new_tokens,
+                          (tokenizer.eos_token_id,))
 
 
 def seed_everything(seed: int) -> None:
@@ -181,12 +181,11 @@ class Trainer:
         self.replay = build_replay(cfg.replay, seed=cfg.seed, prompts_per_step=r.prompts_per_step,
                                    total_steps=cfg.train.steps)
         self.eval_prompts = [self.tokenize(p) for p in self.task.eval[: cfg.train.eval_size]]
-        # where Generate runs: the trainer's engine, or Ray rollout workers (rollout.workers > 0; dist/)
-        self.rollouts = self.engine
+        self.pool = None  # rollout.workers > 0: Ray rollout workers (dist/) generate in place of the engine
         if r.workers:
             from rollwise.dist import WorkerPool
 
-            self.rollouts = WorkerPool(cfg, self.model)
+            self.pool = WorkerPool(cfg, self.model)
         self.state = TrainState()
         self.pipeline: Pipeline | None = None  # train.mode=async: the producer thread (started by step())
         self.queued: list[Collected] = []  # async: batches a resumed checkpoint holds, generated but untrained
@@ -285,7 +284,7 @@ class Trainer:
             batch, waited = self.pipeline.take(self.state.step)
             metrics = self.train_on(batch, waited)
             return metrics | self.pipeline.metrics(self.state.step)
-        batch = self.collect(self.state.step, self.state.cursor, self.rollouts)
+        batch = self.collect(self.state.step, self.state.cursor, self.pool or self.engine)
         self.state.cursor = batch.cursor
         return self.train_on(batch)
 
@@ -346,8 +345,8 @@ class Trainer:
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the LR this step trained with
         self.scheduler.step()  # once per training step, however many iterations the update ran
         self.engine.load_weights(self.model)  # in-process: parameters are shared, only the version moves
-        if self.rollouts is not self.engine and self.pipeline is None:  # sync with workers: they load at next use
-            self.rollouts.load_weights(self.model)
+        if self.pool is not None and self.pipeline is None:  # sync with workers: they load at next use
+            self.pool.load_weights(self.model)
         update = time.perf_counter() - start
         self.state.step += 1
         self.state.generated_tokens += batch.tokens
@@ -396,10 +395,10 @@ class Trainer:
             self.state = TrainState(**load_checkpoint(ckpt, self.model, self.optimizer, self.scheduler))
             self.engine.load_weights(self.model)
             self.engine.version = self.state.step  # a token's version = optimizer steps before it was sampled
-            if self.rollouts is not self.engine:
-                self.rollouts.load_weights(self.model)
-                self.rollouts.version = self.state.step
-                self.rollouts.load_generator_state(load_generator_state(ckpt) or {})
+            if self.pool is not None:
+                self.pool.load_weights(self.model)
+                self.pool.version = self.state.step
+                self.pool.load_generator_state(load_generator_state(ckpt) or {})
             else:
                 self.generator.load_state_dict(load_generator_state(ckpt) or {})
             control = load_control_state(ckpt) or {}
@@ -489,7 +488,7 @@ class Trainer:
 
     def generator_state(self) -> dict:
         """The rollout strategy's state: the trainer's generator's, or each rollout worker's."""
-        return self.rollouts.generator_state() if self.rollouts is not self.engine else self.generator.state_dict()
+        return self.pool.generator_state() if self.pool is not None else self.generator.state_dict()
 
     def fit(self, until: Until | None = None, on_step: Callable[[int, dict], None] | None = None,
             on_eval: Callable[[int, EvalResult], None] | None = None) -> dict:
@@ -549,9 +548,9 @@ class Trainer:
             self.pipeline = None
         if self.log is not None:
             self.log.close()
-        if self.rollouts is not self.engine:  # the rollout workers' actors
-            self.rollouts.close()
-            self.rollouts = self.engine
+        if self.pool is not None:  # the rollout workers' actors
+            self.pool.close()
+            self.pool = None
         self.sandbox.close()
 
     def __enter__(self) -> "Trainer":

@@ -68,8 +68,8 @@ class Pipeline:
         self.model = copy.deepcopy(trainer.model).eval()  # the producer's own copy of the policy
         for p in self.model.parameters():
             p.requires_grad_(False)
-        if trainer.rollouts is not trainer.engine:  # rollout workers (dist/): the pool loads this copy's weights
-            self.engine = trainer.rollouts
+        if trainer.pool is not None:  # rollout workers (dist/): the pool loads this copy's weights
+            self.engine = trainer.pool
             self.engine.load_weights(self.model)
         else:
             self.engine = make_engine(self.model, pad_token_id=trainer.tokenizer.pad_token_id,

@@ -52,7 +52,7 @@ from rollwise.train.checkpoint import (
     save_checkpoint,
 )
 from rollwise.train.config import RunConfig
-from rollwise.train.metrics import MetricsLog, tree_record
+from rollwise.train.metrics import Clock, MetricsLog, rollout_metrics, staleness_metrics, tree_record
 from rollwise.train.pipeline import Pipeline
 from rollwise.train.sft import sft
 from rollwise.types import Prompt, RolloutGroup
@@ -579,47 +579,3 @@ class Collected:
     metrics: dict[str, float]  # the collection's own (strategy, filter, control, time/generate, time/score)
     tokens: int  # tokens the engine sampled for them
     cursor: int  # the train stream's data cursor after them
-
-
-def staleness_metrics(groups: list[RolloutGroup], version: int) -> dict[str, float]:
-    """How many versions behind ``version`` (the policy being updated) the trained tokens were sampled."""
-    ages = [version - v for g in groups for r in g.rollouts for v in r.versions]
-    if not ages:
-        return {}
-    counts = np.bincount(np.asarray(ages, dtype=np.int64).clip(min=0))
-    return {"staleness/mean": float(np.mean(ages)), "staleness/max": float(max(ages))} | {
-        f"staleness/share_{k}": float(c) / len(ages) for k, c in enumerate(counts) if c}
-
-
-class Clock:
-    """Wall time of a step's phases: ``lap(name)`` closes the phase that ran since the last lap."""
-
-    def __init__(self) -> None:
-        self.start = self.last = time.perf_counter()
-        self.laps: dict[str, float] = {}
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.laps[name] = self.laps.get(name, 0.0) + now - self.last
-        self.last = now
-
-    def metrics(self) -> dict[str, float]:
-        return {f"time/{k}": v for k, v in self.laps.items()} | {"time/step": time.perf_counter() - self.start}
-
-
-def rollout_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
-    rollouts = [r for g in groups for r in g.rollouts]
-    rewards = torch.tensor([r.reward for r in rollouts])
-    lengths = [r.num_tokens for r in rollouts]
-    return {
-        "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std()) if len(rollouts) > 1 else 0.0,
-        "train/pass_rate": sum(g.pass_rate for g in groups) / len(groups),
-        "groups/trained": float(len(groups)),
-        "rollouts/trained": float(len(rollouts)),
-        "length/mean": sum(lengths) / len(lengths),
-        "length/max": float(max(lengths)),
-        "length/truncated": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
-        "tokens/in_rollouts": float(sum(lengths)),  # shared tree prefixes counted once per leaf
-    }
-

@@ -7,6 +7,9 @@ and resumed equal those of the uninterrupted run line for line (``time/*`` value
 TensorBoard's event files cannot be cut that way; the writer is opened with ``purge_step`` so
 TensorBoard discards the events after the checkpoint instead. A W&B run cannot be cut either:
 a resumed run logs to a new W&B run (same name) from the checkpoint's step on.
+
+Also here: the metrics a training step computes from its groups (``rollout_metrics``,
+``staleness_metrics``) and the wall time of its phases (``Clock``).
 """
 
 from __future__ import annotations
@@ -16,9 +19,14 @@ import importlib.util
 import json
 import math
 import os
+import time
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from rollwise.config import ConfigError
+from rollwise.types import RolloutGroup
 
 LOGGERS = {"tensorboard": "tensorboard", "wandb": "wandb"}  # train.report_to name -> the package it needs
 
@@ -147,3 +155,46 @@ def _truncate_after(path: Path, step: int) -> None:
 def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def staleness_metrics(groups: list[RolloutGroup], version: int) -> dict[str, float]:
+    """How many versions behind ``version`` (the policy being updated) the trained tokens were sampled."""
+    ages = [version - v for g in groups for r in g.rollouts for v in r.versions]
+    if not ages:
+        return {}
+    counts = np.bincount(np.asarray(ages, dtype=np.int64).clip(min=0))
+    return {"staleness/mean": float(np.mean(ages)), "staleness/max": float(max(ages))} | {
+        f"staleness/share_{k}": float(c) / len(ages) for k, c in enumerate(counts) if c}
+
+
+class Clock:
+    """Wall time of a step's phases: ``lap(name)`` closes the phase that ran since the last lap."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def metrics(self) -> dict[str, float]:
+        return {f"time/{k}": v for k, v in self.laps.items()} | {"time/step": time.perf_counter() - self.start}
+
+
+def rollout_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
+    rollouts = [r for g in groups for r in g.rollouts]
+    rewards = torch.tensor([r.reward for r in rollouts])
+    lengths = [r.num_tokens for r in rollouts]
+    return {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()) if len(rollouts) > 1 else 0.0,
+        "train/pass_rate": sum(g.pass_rate for g in groups) / len(groups),
+        "groups/trained": float(len(groups)),
+        "rollouts/trained": float(len(rollouts)),
+        "length/mean": sum(lengths) / len(lengths),
+        "length/max": float(max(lengths)),
+        "length/truncated": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
+        "tokens/in_rollouts": float(sum(lengths)),  # shared tree prefixes counted once per leaf
+    }

@@ -69,6 +69,9 @@ class Rollout:
     reward: float = 0.0  # what advantages are computed from: ``score`` + shaping terms
     reward_components: dict[str, float] = field(default_factory=dict)
     reward_reasons: dict[str, str] = field(default_factory=dict)
+    # the final answer the verifier read from the completion, normalised (``Score.answer`` of the
+    # first reward function that gave one; None: none found, or no verifier reports answers); maj@k votes with it
+    extracted_answer: str | None = None
     advantage: list[float] | None = None  # per completion token, set by optim
     node_path: list[int] | None = None  # tree rollouts: node ids from root to leaf
     # per-token loss weight: 0 = not trained (a forced token; a tree prefix trained in another
@@ -180,12 +183,20 @@ class Score(float):
     """A reward value that also says why: still a plain float to TRL-style code.
 
     Reward functions may return ``Score(0.0, "no final answer")``; the scoring stage records
-    the reason on the rollout (``Rollout.reward_reasons``).
+    the reason on the rollout (``Rollout.reward_reasons``). A verifier that extracts a final
+    answer also returns it, normalised (``Score(1.0, answer="13")``): the scoring stage keeps it
+    as ``Rollout.extracted_answer``, and maj@k votes with it (``rollwise.eval.majority``).
+
+    >>> s = Score(0.0, "wrong answer 12 (expected 13)", answer="12")
+    >>> s + 1, s.reason, s.answer
+    (1.0, 'wrong answer 12 (expected 13)', '12')
     """
 
     reason: str
+    answer: str | None
 
-    def __new__(cls, value: float, reason: str = "") -> "Score":
+    def __new__(cls, value: float, reason: str = "", answer: str | None = None) -> "Score":
         obj = super().__new__(cls, value)
         obj.reason = reason
+        obj.answer = answer
         return obj

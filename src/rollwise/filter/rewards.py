@@ -6,7 +6,9 @@ A reward function is called as TRL calls it::
 
 and may be ``async``. ``None`` means "not applicable" and contributes nothing (it is not a
 zero). A function may return ``rollwise.types.Score`` values (floats that carry a
-``reason``); the reason is recorded on the rollout. A function that raises does not crash
+``reason`` and, for verifiers that extract one, the final ``answer``); the reason is recorded
+on the rollout, and the first function's extracted answer becomes ``Rollout.extracted_answer``
+(what maj@k votes with). A function that raises does not crash
 training: every rollout of that call scores 0 for that component, the reason says why, and
 ``reward/<name>/errors`` counts it.
 """
@@ -68,7 +70,7 @@ async def _await(awaitable):
 
 
 def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict[str, float]:
-    """Set ``reward``, ``reward_components`` and ``reward_reasons`` on every rollout.
+    """Set ``reward``, ``reward_components``, ``reward_reasons`` and ``extracted_answer`` on every rollout.
 
     The total is the weighted sum of the components that apply (non-None). Returns metrics:
     the mean of each component over rollouts where it applied, and error counts.
@@ -86,6 +88,7 @@ def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict
     columns = {k: [cols.get(k) for cols in per_rollout] for k in keys}
     metrics: dict[str, float] = {}
     totals = [0.0] * len(rollouts)
+    answers: list[str | None] = [None] * len(rollouts)  # the first reward function's extracted answer wins
     for rf in reward_fns:
         try:
             values = _call(rf.fn, prompts, completions, completion_ids, columns)
@@ -107,10 +110,13 @@ def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict
             r.reward_components[rf.name] = value
             if reason:
                 r.reward_reasons[rf.name] = reason
+            if answers[i] is None and isinstance(getattr(v, "answer", None), str):
+                answers[i] = v.answer
             totals[i] += rf.weight * value
         metrics[f"reward/{rf.name}/errors"] = float(errors)
-    for (_, r), total in zip(rollouts, totals):
+    for (_, r), total, answer in zip(rollouts, totals, answers):
         r.score = r.reward = total  # the verdict; shaping terms later add to ``reward`` only
+        r.extracted_answer = answer
     return component_means(groups) | metrics
 
 

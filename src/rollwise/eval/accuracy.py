@@ -1,11 +1,12 @@
-"""Accuracy on a held-out split: greedy accuracy and unbiased pass@k from sampled completions."""
+"""Accuracy on a held-out split: greedy accuracy, unbiased pass@k and maj@k from sampled completions."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from rollwise.engine.engine import Engine, Request
 from rollwise.engine.sampling import SamplingParams
+from rollwise.eval.majority import maj_at_k
 from rollwise.eval.passk import pass_at_k
 from rollwise.filter.rewards import RewardFn, score_groups
 from rollwise.generate.group import to_rollout
@@ -18,10 +19,12 @@ class EvalResult:
     pass_at: dict[int, float]  # k -> unbiased pass@k over `samples` sampled completions per prompt
     mean_length: float
     samples: list[dict]  # a few greedy rollouts with their rewards, for samples.jsonl
+    maj_at: dict[int, float] = field(default_factory=dict)  # k -> maj@k: majority vote of the k = `samples` answers
 
     def metrics(self) -> dict[str, float]:
         out = {"eval/accuracy": self.accuracy, "eval/mean_length": self.mean_length}
         out.update({f"eval/pass@{k}": v for k, v in self.pass_at.items()})
+        out.update({f"eval/maj@{k}": v for k, v in self.maj_at.items()})
         return out
 
 
@@ -38,13 +41,15 @@ def evaluate(
     engine: Engine, prompts: list[Prompt], judge: RewardFn, decode, *, max_new_tokens: int, stop_token_ids,
     samples: int = 0, temperature: float = 1.0, seed: int = 0, keep: int = 4,
 ) -> EvalResult:
-    """Greedy accuracy (``judge`` says correct: ``rollwise.types.is_correct``) and, when ``samples`` > 0, pass@1 and pass@samples."""
+    """Greedy accuracy (``judge`` says correct: ``rollwise.types.is_correct``) and, when ``samples`` > 0,
+    pass@1, pass@samples and maj@samples (``rollwise.eval.majority``: a vote by the judge's extracted answers)."""
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids))
     groups = _groups(engine, prompts, greedy, 1, decode, seed)
     score_groups(groups, [judge])
     correct = [g.rollouts[0].correct for g in groups]
     lengths = [g.rollouts[0].num_tokens for g in groups]
     pass_at: dict[int, float] = {}
+    maj_at: dict[int, float] = {}
     if samples > 0:
         sampled = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids))
         sgroups = _groups(engine, prompts, sampled, samples, decode, seed)
@@ -52,9 +57,11 @@ def evaluate(
         counts = [sum(r.correct for r in g.rollouts) for g in sgroups]
         for k in sorted({1, samples}):
             pass_at[k] = sum(pass_at_k(samples, c, k) for c in counts) / len(counts)
+        maj_at[samples] = maj_at_k([([r.extracted_answer for r in g.rollouts], [r.correct for r in g.rollouts])
+                                    for g in sgroups])
     kept = [
         {"prompt": g.prompt.text, "completion": g.rollouts[0].completion_text, "reward": g.rollouts[0].reward,
          "reasons": g.rollouts[0].reward_reasons, "answer": g.prompt.answer}
         for g in groups[:keep]
     ]
-    return EvalResult(sum(correct) / len(correct), pass_at, sum(lengths) / len(lengths), kept)
+    return EvalResult(sum(correct) / len(correct), pass_at, sum(lengths) / len(lengths), kept, maj_at)

@@ -20,7 +20,8 @@ def parse_answer(completion: str) -> int | None:
 
 
 def arith_reward(prompts, completions, answer, **_) -> list[float]:
-    """1.0 when the number after the final ``#`` equals ``answer``, else 0.0 with a reason.
+    """1.0 when the number after the final ``#`` equals ``answer``, else 0.0 with a reason; the
+    number read (``Score.answer``, e.g. ``"4"``) is what maj@k votes with.
 
     >>> arith_reward(["2+2="], [" 2+2+0=04 #4"], answer=["4"])
     [1.0]
@@ -31,7 +32,7 @@ def arith_reward(prompts, completions, answer, **_) -> list[float]:
         if got is None:
             out.append(Score(0.0, "no final '#<integer>' answer"))
         elif got != int(expected):
-            out.append(Score(0.0, f"wrong answer {got} (expected {expected})"))
+            out.append(Score(0.0, f"wrong answer {got} (expected {expected})", answer=str(got)))
         else:
-            out.append(Score(1.0))
+            out.append(Score(1.0, answer=str(got)))
     return out

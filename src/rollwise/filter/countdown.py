@@ -96,11 +96,16 @@ def _split(completion: str) -> tuple[str, int | None]:
 def check(completion: str, nums: list[int], target: int) -> Score:
     """Score one completion: 1.0 when its expression uses the given numbers and hits the target.
 
+    ``Score.answer`` (what maj@k votes with) is the expression with its spaces removed, or None
+    when there is none to read.
+
     >>> check(" 25+3*7=46", [3, 7, 25], 46), check(" 25+3*5", [3, 7, 25], 46).reason
     (1.0, 'uses 5 which is not given')
     """
+    answer = None
     try:
         expr, stated = _split(completion)
+        answer = "".join(expr.split())[:MAX_CHARS] or None
         tree = _parse(expr)
         _check_numbers(_literals(tree), list(nums))
         try:
@@ -111,11 +116,11 @@ def check(completion: str, nums: list[int], target: int) -> Score:
             raise _Reject(f"states {stated} but the expression is {value}")
         if value != int(target):
             raise _Reject(f"value {value} != target {target}")
-        return Score(1.0)
+        return Score(1.0, answer=answer)
     except _Reject as why:
-        return Score(0.0, str(why))
+        return Score(0.0, str(why), answer=answer)
     except Exception as err:  # never raise on model output
-        return Score(0.0, f"unparseable expression ({type(err).__name__})")
+        return Score(0.0, f"unparseable expression ({type(err).__name__})", answer=answer)
 
 
 def countdown_reward(prompts, completions, nums, target, **_) -> list[float]:

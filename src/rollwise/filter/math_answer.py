@@ -45,7 +45,7 @@ _MARKER = re.compile(r"####|answer is", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 
 
-def _last_boxed(text: str) -> str | None:
+def last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` (braces balanced), else None."""
     start = text.rfind("\\boxed{")
     if start < 0:
@@ -64,7 +64,7 @@ def extract_answer(completion: str) -> str | None:
     >>> extract_answer("so x = 3, and the answer is \\\\boxed{\\\\frac{1}{2}}."), extract_answer("2+2 #### 4")
     ('\\\\frac{1}{2}', '4')
     """
-    boxed = _last_boxed(completion)
+    boxed = last_boxed(completion)
     if boxed:
         return boxed
     markers = list(_MARKER.finditer(completion))
@@ -126,24 +126,35 @@ def _too_costly(expr) -> bool:
     return False
 
 
+def normalise(answer: str) -> str:
+    """An extracted answer as maj@k compares it: inner whitespace collapsed, ``$`` delimiters dropped.
+
+    >>> normalise(" $x =  3$ ")
+    'x = 3'
+    """
+    return " ".join(answer.split()).strip("$").strip()
+
+
 def check(completion: str, gold: str) -> Score:
-    """Score one completion against one reference answer; never raises."""
+    """Score one completion against one reference answer; never raises. ``Score.answer`` is the
+    extracted final answer (``normalise``-d), None when there is none or it is too long."""
     answer = extract_answer(completion)
     if answer is None:
         return Score(0.0, "no final answer found")
     if len(answer) > MAX_ANSWER_CHARS:
         return Score(0.0, f"final answer longer than {MAX_ANSWER_CHARS} characters")
+    said = normalise(answer)
     gold_parsed, pred_parsed = _parse(gold), _parse(answer)
     if not gold_parsed:
-        return Score(0.0, f"reference answer {gold[:40]!r} could not be parsed")
+        return Score(0.0, f"reference answer {gold[:40]!r} could not be parsed", answer=said)
     if not pred_parsed:
-        return Score(0.0, f"final answer {answer[:40]!r} could not be parsed")
+        return Score(0.0, f"final answer {answer[:40]!r} could not be parsed", answer=said)
     if any(_too_costly(e) for e in pred_parsed):
-        return Score(0.0, f"final answer {answer[:40]!r} is too costly to evaluate")
+        return Score(0.0, f"final answer {answer[:40]!r} is too costly to evaluate", answer=said)
     timeout = VERIFY_TIMEOUT_S if _in_main_thread() else None
     if verify(gold_parsed, pred_parsed, timeout_seconds=timeout):
-        return Score(1.0)
-    return Score(0.0, f"final answer {answer[:40]!r} is not equal to {gold[:40]!r}")
+        return Score(1.0, answer=said)
+    return Score(0.0, f"final answer {answer[:40]!r} is not equal to {gold[:40]!r}", answer=said)
 
 
 def _serve(conn) -> None:
@@ -156,9 +167,9 @@ def _serve(conn) -> None:
             return
         try:
             score = check(completion, gold)
-            conn.send((float(score), score.reason))
+            conn.send((float(score), score.reason, score.answer))
         except BaseException as err:  # TimeoutException is a BaseException
-            conn.send((0.0, f"could not check the answer ({type(err).__name__})"))
+            conn.send((0.0, f"could not check the answer ({type(err).__name__})", None))
 
 
 class _OffThreadChecker:
@@ -192,8 +203,8 @@ class _OffThreadChecker:
                 self._start()
             self._conn.send((completion, gold))
             if self._conn.poll(timeout):
-                value, reason = self._conn.recv()
-                return Score(value, reason)
+                value, reason, answer = self._conn.recv()
+                return Score(value, reason, answer)
             self._stop()  # still computing: kill it, the next call starts a fresh one
             return Score(0.0, f"checking the answer took longer than {timeout:g}s")
 

@@ -19,7 +19,7 @@ COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 # followed by "_" or "/" (kl → kl, kl_prox). A metric goes to the first group that matches it.
 GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
     ("reward", "Reward", ("reward/", "train/pass_rate")),
-    ("eval", "Eval accuracy and pass@k", ("eval/",)),
+    ("eval", "Eval accuracy, pass@k and maj@k", ("eval/",)),
     ("length", "Length (mean, max, truncated share)", ("length/",)),
     ("entropy", "Entropy", ("entropy",)),
     ("kl", "KL", ("kl",)),

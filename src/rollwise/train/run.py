@@ -40,7 +40,7 @@ def run_training(cfg: RunConfig, resume: bool = False, console: Console | None =
 
         def on_eval(step: int, result) -> None:
             label = "initial eval" if step == 0 else f"step {step}: eval"
-            console.print(f"[bold]{label}[/] accuracy {result.accuracy:.1%}  {_passk(result.pass_at)}")
+            console.print(f"[bold]{label}[/] accuracy {result.accuracy:.1%}  {_passk(result.pass_at, result.maj_at)}")
             bar.update(rl, info=f"{info['text']}  eval {result.accuracy:.1%}")
 
         summary = trainer.fit(on_step=on_step, on_eval=on_eval)
@@ -53,8 +53,8 @@ def run_training(cfg: RunConfig, resume: bool = False, console: Console | None =
     return summary
 
 
-def _passk(pass_at: dict[int, float]) -> str:
-    return "  ".join(f"pass@{k} {v:.1%}" for k, v in pass_at.items())
+def _passk(pass_at: dict[int, float], maj_at: dict[int, float]) -> str:
+    return "  ".join([f"pass@{k} {v:.1%}" for k, v in pass_at.items()] + [f"maj@{k} {v:.1%}" for k, v in maj_at.items()])
 
 
 def _print_summary(console: Console, s: dict, run_dir) -> None:

@@ -1,4 +1,4 @@
-"""``rollwise``: train | sft | eval | report | list | bench.
+"""``rollwise``: train | sft | export | eval | report | list | bench.
 
 Errors a user can fix (config, paths, data) print one line and exit 2; set
 ``ROLLWISE_DEBUG=1`` for the traceback.
@@ -86,6 +86,7 @@ def sft(
     from rollwise.config import ConfigError
     from rollwise.filter.sandbox import Sandbox
     from rollwise.model.load import load_model_and_tokenizer
+    from rollwise.model.lora import merge_into_base
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import seed_everything
     from rollwise.train.sft import sft as run_sft
@@ -100,9 +101,23 @@ def sft(
     with console.status("SFT") as status:
         losses = run_sft(model, tok, task, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
                          on_step=lambda s, loss: status.update(f"SFT step {s + 1}/{cfg.sft.steps} loss {loss:.3f}"))
-    model.save_pretrained(out)
+    merge_into_base(model).save_pretrained(out)  # model.lora: the adapter folded in (else unchanged)
     tok.save_pretrained(out)
     console.print(f"SFT {cfg.sft.steps} steps: loss {losses[0]:.3f} → {losses[-1]:.3f}; saved {out}")
+
+
+@app.command()
+@friendly_errors
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory (runs/<name>)")],
+    merged: Annotated[Path, typer.Option("--merged", help="write the policy here as a plain Hugging Face model "
+                                                          "directory (a LoRA adapter merged into the base)")],
+):
+    """Save a run's latest checkpoint as a model transformers loads alone (docs/lora.md)."""
+    from rollwise.train.export import export_merged
+
+    out = export_merged(run_dir, merged)
+    console.print(f"exported {run_dir} → {out}")
 
 
 @app.command("eval")

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from rollwise.config import ConfigError
+from rollwise.model.lora import policy_state
 from rollwise.types import Prompt, RolloutGroup
 
 log = logging.getLogger("rollwise")
@@ -163,7 +164,8 @@ class WorkerPool:
     def publish(self) -> tuple[int, object]:
         """The current weights' (sync id, object ref), put in the object store if not yet."""
         if self.weights is None or self.weights[0] != self.sync:
-            source = self.model.state_dict() if hasattr(self.model, "state_dict") else self.model
+            # model.lora: the adapter alone (workers build the same base from the run's config)
+            source = policy_state(self.model) if hasattr(self.model, "state_dict") else self.model
             self.weights = (self.sync, self.ray.put(to_numpy(source)))
         return self.weights
 

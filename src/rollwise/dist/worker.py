@@ -92,8 +92,9 @@ class RolloutWorker:
         import ray
 
         from rollwise.dist.pool import from_numpy
+        from rollwise.model.lora import load_policy_state
 
-        self.model.load_state_dict(from_numpy(ray.get(ref)))
+        load_policy_state(self.model, from_numpy(ray.get(ref)))  # model.lora: the adapter alone
         self.engine.load_weights(self.model)
 
     def generator_state(self) -> dict:

@@ -11,6 +11,14 @@ norm → lm_head. Rotary cos/sin come from the model's own ``rotary_emb``; atten
 config has one). Grouped-query attention needs no ``repeat_kv``: the query heads of a group
 are folded into the query-length dimension, so each key/value head is read once.
 
+LoRA (peft's ``lora.Linear``, ``model.lora``): a wrapped linear holds the frozen ``base_layer``
+and adapters ``A``, ``B`` with a ``scaling``. For sampling, ``refresh`` folds them into one
+matrix ``W + scaling·B·A`` (without gradient, no dropout), so a decode step costs what it
+costs without LoRA; the price is one merged copy of each wrapped weight, rebuilt at every
+``refresh`` (every ``load_weights``): in-place updates to an adapter are seen only then. The
+packed training forward asks for the factored form instead (``merge_adapters=False``): base
+weight plus ``Adapter`` references, so gradients reach ``A`` and ``B``.
+
 Supported: ``model_type`` in ``SUPPORTED_MODEL_TYPES``. Anything else raises
 ``UnsupportedModelError`` at construction; callers fall back to the v1 ``Engine``, which runs
 any HF causal LM through its own forward.
@@ -18,7 +26,7 @@ any HF causal LM through its own forward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -64,10 +72,49 @@ class _Layer:
     act: torch.nn.Module
     scale: float
     window: int | None  # sliding-window length, None = full attention
+    adapters: dict[str, tuple["Adapter", ...]] = field(default_factory=dict)  # unmerged LoRA, by linear (q, k, ...)
 
 
-def _wb(linear: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    return linear.weight, linear.bias
+@dataclass
+class Adapter:
+    """One LoRA adapter on a linear, by reference: it adds ``scaling · B(A(dropout(x)))``."""
+
+    a: torch.Tensor  # [r, in]
+    b: torch.Tensor  # [out, r]
+    scaling: float
+    dropout: torch.nn.Module  # identity when lora dropout is 0; inactive in eval mode
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # as peft: in the adapter's dtype (peft keeps it float32 under a bf16/fp16 base), then back
+        y = F.linear(F.linear(self.dropout(x.to(self.a.dtype)), self.a), self.b) * self.scaling
+        return y.to(x.dtype)
+
+
+def _active(linear) -> list[str]:
+    """The adapters a peft LoRA linear applies now ([] for a plain linear, disabled or merged adapters)."""
+    if getattr(linear, "base_layer", None) is None or linear.disable_adapters or linear.merged:
+        return []
+    return [name for name in linear.active_adapters if name in linear.lora_A]
+
+
+def _wb(linear: torch.nn.Linear, merge: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias) by reference; for a LoRA linear with ``merge``, a new merged weight
+    ``W + Σ scaling·B·A`` (no gradient), else its base weight (the adapters go in ``_adapters``)."""
+    base = getattr(linear, "base_layer", None)
+    if base is None:
+        return linear.weight, linear.bias
+    names = _active(linear) if merge else []
+    if not names:
+        return base.weight, base.bias
+    with torch.no_grad():
+        weight = base.weight + sum(linear.get_delta_weight(n) for n in names).to(base.weight.dtype)
+    return weight, base.bias
+
+
+def _adapters(linear) -> tuple[Adapter, ...]:
+    """The active LoRA adapters of ``linear`` as ``Adapter`` references (() for a plain linear)."""
+    return tuple(Adapter(linear.lora_A[n].weight, linear.lora_B[n].weight, linear.scaling[n], linear.lora_dropout[n])
+                 for n in _active(linear))
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -138,10 +185,11 @@ class SlotKV:
 class LlamaForward:
     """Prefill and decode for a Llama / Qwen2 / Mistral HF module over a ``SlotKV``."""
 
-    def __init__(self, model):
+    def __init__(self, model, merge_adapters: bool = True):
         self.capture_hidden, self.hidden = False, None  # set by the engine when a row keeps its hidden state
         check_supported(model)
         self.model = model
+        self.merge_adapters = merge_adapters  # LoRA: one merged matrix per linear (sampling), else factored
         config = model.config
         attn = model.model.layers[0].self_attn
         self.head_dim = attn.head_dim
@@ -161,23 +209,26 @@ class LlamaForward:
         return self.embed.device
 
     def refresh(self) -> None:
-        """Re-read parameter references (after a load that may have replaced tensors)."""
-        m = self.model
+        """Re-read parameter references (after a load that may have replaced tensors); LoRA
+        linears are merged anew (``merge_adapters``) or their adapters re-read."""
+        m, merge = self.model, self.merge_adapters
         self.embed = m.model.embed_tokens.weight
         self.norm = (m.model.norm.weight, m.model.norm.variance_epsilon)
-        self.lm_head = _wb(m.lm_head)
+        self.lm_head = _wb(m.lm_head, merge)
         config_window = getattr(m.config, "sliding_window", None)
         self.layers = []
         for layer in m.model.layers:
             a, mlp = layer.self_attn, layer.mlp
+            linears = {"q": a.q_proj, "k": a.k_proj, "v": a.v_proj, "o": a.o_proj,
+                       "gate": mlp.gate_proj, "up": mlp.up_proj, "down": mlp.down_proj}
             self.layers.append(_Layer(
                 norm_in=layer.input_layernorm.weight, norm_post=layer.post_attention_layernorm.weight,
                 eps=layer.input_layernorm.variance_epsilon,
-                q=_wb(a.q_proj), k=_wb(a.k_proj), v=_wb(a.v_proj), o=_wb(a.o_proj),
-                gate=_wb(mlp.gate_proj), up=_wb(mlp.up_proj), down=_wb(mlp.down_proj), act=mlp.act_fn,
+                **{name: _wb(linear, merge) for name, linear in linears.items()}, act=mlp.act_fn,
                 scale=a.scaling,
                 # Qwen2 sets it per layer (None on full-attention layers); Mistral in the config
                 window=a.sliding_window if hasattr(a, "sliding_window") else config_window,
+                adapters={} if merge else {n: ad for n, lin in linears.items() if (ad := _adapters(lin))},
             ))
         self.windows = sorted({layer.window for layer in self.layers}, key=lambda w: -1 if w is None else w)
 

@@ -15,6 +15,9 @@ padded to the longest one (30% of the demo's update was padding) and HF's per-ca
   the same parameter references: no copies, gradients reach the HF module's parameters) with
   q/k/v fused into one matrix multiply, and RoPE on q and k as one complex
   multiply (no ``rotate_half`` copies forward or backward);
+- applies LoRA adapters (``model.lora``) in their factored form, ``x Wᵀ + s·B(A(drop(x)))``
+  as peft does, so gradients reach ``A`` and ``B`` and dropout acts while training (the slot
+  engine samples from the merged weights instead);
 - sends through the LM head only the positions that are scored (completion tokens), not the
   prompt's, in slices under a logits budget with activation checkpointing
   (``rollwise.model.logprobs``: the ``[N, V]`` float32 logits of a 150k vocabulary never exist
@@ -33,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from rollwise.engine.llama import LlamaForward, UnsupportedModelError, _rms, check_supported
+from rollwise.engine.llama import Adapter, LlamaForward, UnsupportedModelError, _rms, check_supported
 from rollwise.model.logprobs import _scored
 
 
@@ -117,7 +120,7 @@ class PackedForward:
     """Hidden states of packed sequences through a Llama-family HF module, differentiable."""
 
     def __init__(self, model):
-        self.llama = LlamaForward(model)
+        self.llama = LlamaForward(model, merge_adapters=False)  # LoRA: factored, differentiable
 
     def hidden(self, input_ids: torch.Tensor, packing: Packing) -> torch.Tensor:
         """Final-norm hidden states ``[N, D]`` of the ``N`` real tokens of ``input_ids [B, T]``,
@@ -146,6 +149,10 @@ class PackedForward:
             h = _rms(x, layer.norm_in, layer.eps)
             weight, bias = _fused(layer.q, layer.k, layer.v)
             qkv = F.linear(h, weight[pairs], None if bias is None else bias[pairs])  # [N, (H + 2 Hkv) hd]
+            if any(name in layer.adapters for name in "qkv"):  # LoRA deltas, rows in the fused order
+                deltas = [_delta(h, layer.adapters.get(name, ()), w.shape[0]) for name, (w, _) in
+                          zip("qkv", (layer.q, layer.k, layer.v))]
+                qkv = qkv + torch.cat(deltas, dim=-1)[:, pairs]
             # RoPE on q and k at once, as one complex multiply: their rows were reordered so that
             # features i and i + hd/2 of a head (the pair HF's rotate_half mixes) sit side by side
             qk = torch.view_as_complex(qkv[:, : (H + Hkv) * hd].reshape(n, H + Hkv, half, 2)) * cis
@@ -155,11 +162,11 @@ class PackedForward:
             o = F.scaled_dot_product_attention(q.reshape(nb, Hkv, G * C, hd), k, v, attn_mask=masks[layer.window],
                                                scale=layer.scale)  # [nb, Hkv, G*C, hd]
             o = o.view(nb, H, C, hd).transpose(1, 2).reshape(nb * C, H * hd).index_select(0, packing.dest)
-            x = x + F.linear(o, *layer.o)  # [N, D]
+            x = x + _linear(o, layer, "o")  # [N, D]
             h = _rms(x, layer.norm_post, layer.eps)
             # gate and up as two products: halves of one fused product are strided views, and the
             # elementwise ops on them (forward and backward) cost more than the second matmul saves
-            x = x + F.linear(layer.act(F.linear(h, *layer.gate)) * F.linear(h, *layer.up), *layer.down)
+            x = x + _linear(layer.act(_linear(h, layer, "gate")) * _linear(h, layer, "up"), layer, "down")
         return _rms(x, *f.norm)
 
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor, *,
@@ -196,6 +203,21 @@ class PackedForward:
             return logprobs, None
         ent = torch.cat([o[1] for o in outs]) if outs else lp.new_zeros(0)
         return logprobs, torch.zeros_like(logprobs).index_put((r, t), ent)
+
+
+def _linear(x: torch.Tensor, layer, name: str) -> torch.Tensor:
+    """Linear ``name`` of ``layer`` (``o``, ``gate``, ``up``, ``down``) plus its LoRA adapters, if any."""
+    y = F.linear(x, *getattr(layer, name))
+    for adapter in layer.adapters.get(name, ()):
+        y = y + adapter(x)
+    return y
+
+
+def _delta(x: torch.Tensor, adapters: tuple[Adapter, ...], out: int) -> torch.Tensor:
+    """The summed LoRA output ``[N, out]`` of ``adapters`` on ``x`` (zeros when there is none)."""
+    if not adapters:
+        return x.new_zeros(x.shape[0], out)
+    return sum(adapter(x) for adapter in adapters)
 
 
 def _rope_pairs(heads: int, hd: int, qkv_rows: int, device) -> torch.Tensor:

@@ -20,6 +20,7 @@ import torch
 
 from rollwise.model.logprobs import logits_chunk, token_logprobs_and_entropy
 from rollwise.model.packed import PackedForward
+from rollwise.model.reference import as_reference
 from rollwise.optim.batch import TrainBatch
 from rollwise.optim.losses import token_weights
 from rollwise.optim.objective import ObjectiveConfig, policy_loss
@@ -73,6 +74,7 @@ def policy_update(
     computed on the distribution the engine sampled from. ``logits_budget_mb`` caps the
     float32 logits a forward holds at once (``rollwise.model.logprobs``: chunked LM head).
     ``packed`` runs the forward packed (Llama-family models: ``supports_packing``).
+    ``ref_model`` is the KL reference: a frozen module or a ``rollwise.model.reference.Reference``.
     """
     device = next(model.parameters()).device
     batch = batch.to(device)
@@ -83,8 +85,9 @@ def policy_update(
     weights = token_weights(batch.loss_weights, objective.loss_agg, max_len, lengths=batch.completion_lengths)
     shaping: dict[str, float] = {}
     ref_full = None
-    if objective.needs_reference:
-        ref_full = _logprobs_no_grad(ref_model, batch, micro_batch_size, sampling, logits_budget_mb, packed)
+    if objective.needs_reference:  # a frozen copy, or (LoRA) the policy with its adapters off
+        with as_reference(ref_model).module() as reference:
+            ref_full = _logprobs_no_grad(reference, batch, micro_batch_size, sampling, logits_budget_mb, packed)
         if "ace" in objective.shaping:
             batch.advantages, shaping = ace_shift(batch, ref_full)
     n_rows = len(batch)

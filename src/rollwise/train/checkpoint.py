@@ -5,6 +5,8 @@ A checkpoint directory ``checkpoints/step_000050/`` holds::
     model.safetensors   policy weights; tensors that share storage (tied input and output
                         embeddings) are stored once, the other names recorded in the
                         file's metadata as aliases and restored on load
+    adapter.safetensors in its place under ``model.lora``: the LoRA adapter weights only (the
+                        base is the run's fixed starting model, rebuilt from the config)
     optimizer.pt        optimizer and LR-scheduler state dicts
     rng.pt              torch / python / numpy RNG states
     state.json          step, data cursor, counters (human-readable)
@@ -29,6 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from rollwise.config import ConfigError
+from rollwise.model.lora import has_lora, policy_state
 
 
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state: dict, keep: int,
@@ -39,8 +42,8 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state
     tmp = root / f".tmp_step_{step:06d}"  # written in full, then renamed: a kill never leaves half a checkpoint
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    weights, aliases = unique_weights(model.state_dict())
-    save_file(weights, str(tmp / "model.safetensors"), metadata={"aliases": json.dumps(aliases)})
+    weights, aliases = unique_weights(policy_state(model))  # model.lora: the adapter alone
+    save_file(weights, str(tmp / weights_file(model)), metadata={"aliases": json.dumps(aliases)})
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
     torch.save(
         {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
@@ -63,6 +66,11 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state
     for old in sorted(root.glob("step_*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def weights_file(model) -> str:
+    """The checkpoint file holding ``model``'s trained weights: the adapter's under LoRA."""
+    return "adapter.safetensors" if has_lora(model) else "model.safetensors"
 
 
 def unique_weights(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -113,7 +121,12 @@ def load_weights(path: Path, model, name: str = "model.safetensors") -> None:
     A checkpoint that does not fit the model (names, shapes, or two different tensors where
     the model has one) is a ConfigError naming what differs.
     """
-    targets = model.state_dict()
+    targets = model.state_dict() if name == "reference.safetensors" else policy_state(model)
+    if not (path / name).exists():
+        other = ({"adapter.safetensors", "model.safetensors"} - {name}).pop()
+        used = "null" if name == "adapter.safetensors" else "set"
+        hint = f" but has {other}: the run used model.lora={used}" if (path / other).exists() else ""
+        raise ConfigError(f"checkpoint {path} has no {name}{hint} (resume with the run's own config)")
     with safe_open(str(path / name), "pt") as f:
         stored = set(f.keys())
         aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
@@ -141,7 +154,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict:
     """Restore model, optimizer, scheduler and RNG states in place; return the trainer state."""
-    load_weights(path, model)
+    load_weights(path, model, weights_file(model))
     opt = torch.load(path / "optimizer.pt", weights_only=False)
     optimizer.load_state_dict(opt["optimizer"])
     scheduler.load_state_dict(opt["scheduler"])

@@ -34,6 +34,7 @@ from rollwise.filter.registry import resolve_rewards
 from rollwise.filter.rewards import score_groups
 from rollwise.filter.sandbox import Sandbox
 from rollwise.generate import build_generator
+from rollwise.model import lora
 from rollwise.model.load import encode_prompt, load_model_and_tokenizer, model_dir
 from rollwise.model.packed import supports_packing
 from rollwise.optim.batch import build_batch
@@ -163,10 +164,12 @@ class Trainer:
         self.run_dir = Path(cfg.output_dir) / cfg.name
         self.sandbox = Sandbox(cfg.sandbox)  # the run's own: code tasks and rewards get it, close() stops it
         self.task = cfg.task.build(cfg.seed, self.sandbox)
+        lora.check_composition(cfg)
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.seed)
         self.reward_fns, self.judge = resolve_rewards(cfg.rewards, self.task, self.sandbox)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
+        self.optimizer = torch.optim.AdamW(  # model.lora: the adapters only
+            lora.trainable_parameters(self.model), lr=cfg.optim.lr, betas=cfg.optim.betas,
+            weight_decay=cfg.optim.weight_decay,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.packed = packed_forward(cfg.optim.forward, self.model)
@@ -419,7 +422,9 @@ class Trainer:
                 sft(self.model, self.tokenizer, self.task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
                     on_step=on_sft_step)
             self.save_init_model()
-        if self.cfg.objective.needs_reference:  # the frozen reference is the RL starting point
+        if self.cfg.objective.needs_reference and self.cfg.model.lora is not None:  # the base, adapters off
+            self.ref_model = lora.AdapterDisabled(self.model)
+        elif self.cfg.objective.needs_reference:  # the frozen reference is the RL starting point
             self.ref_model = type(self.model).from_pretrained(self.init_model_dir(), dtype=self.model.dtype)
             self.ref_model.to(self.engine.device).eval()
             if ckpt is not None and self.state.reference_moved_at is not None:
@@ -432,7 +437,7 @@ class Trainer:
         start, a built preset), else only the source directory's path in ``init_model.json`` —
         copying an unchanged 7B model would write 28 GB for nothing."""
         if self.cfg.sft.steps or self.cfg.model.path is None:
-            self.model.save_pretrained(self.run_dir / "init_model")
+            lora.save_base(self.model, self.run_dir / "init_model")  # model.lora: the base alone
             self.tokenizer.save_pretrained(self.run_dir / "init_model")
         else:
             source = str(model_dir(self.cfg.model).resolve())  # a .gguf or pkg: path: its HF directory

@@ -22,8 +22,9 @@ rollouts), and the run is a function of its seed alone, not of thread timing:
   any moment resumes from its last checkpoint, loses no generated batch and continues as the
   uninterrupted run would (tested with SIGKILL).
 
-Weights: the trainer's parameters are copied into a snapshot per version (kept while a
-future batch may need it: at most ``k + 1``), and the producer copies a snapshot into its
+Weights: the trainer's parameters (``model.lora``: its adapter only; the frozen base tensors
+are shared with the producer's copy, not duplicated) are copied into a snapshot per version
+(kept while a future batch may need it: at most ``k + 1``), and the producer copies a snapshot into its
 own model at a batch boundary. Threads: torch's intra-op thread count is process-wide, so
 both sides run with ``train.generation_threads`` (= ``train.update_threads``) threads each;
 on two cores, one each.
@@ -42,7 +43,6 @@ makes staleness exactly ``k`` after warm-up rather than at most ``k``.
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections import deque
@@ -50,6 +50,7 @@ from collections import deque
 import torch
 
 from rollwise.engine import make_engine
+from rollwise.model.lora import copy_policy, load_policy_state, policy_state
 
 
 # metrics that depend on thread timing (how far ahead the producer happened to be): a resumed
@@ -65,7 +66,7 @@ class Pipeline:
     def __init__(self, trainer, max_staleness: int, queued: list | None = None) -> None:
         self.trainer, self.k = trainer, max_staleness
         cfg = trainer.cfg
-        self.model = copy.deepcopy(trainer.model).eval()  # the producer's own copy of the policy
+        self.model = copy_policy(trainer.model).eval()  # the producer's own copy of the policy (LoRA: of the adapter)
         for p in self.model.parameters():
             p.requires_grad_(False)
         if trainer.pool is not None:  # rollout workers (dist/): the pool loads this copy's weights
@@ -102,7 +103,7 @@ class Pipeline:
         """The trainer's current weights become ``version`` (a snapshot the producer may load)."""
         if version in self.snapshots:
             return
-        snap = {n: t.detach().clone() for n, t in self.trainer.model.state_dict().items()}
+        snap = {n: t.detach().clone() for n, t in policy_state(self.trainer.model).items()}
         with self.cond:
             self.snapshots[version] = snap
             oldest = self.target(self.next_step)  # no batch still to make needs an older version
@@ -186,7 +187,7 @@ class Pipeline:
                     self.busy = True
                     self.started += 1
                 if self.engine.version != version:
-                    self.model.load_state_dict(weights)
+                    load_policy_state(self.model, weights)
                     self.engine.load_weights(self.model)
                     self.engine.version = version
                 batch = self.trainer.collect(step, self.cursor, self.engine)

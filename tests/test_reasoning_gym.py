@@ -200,3 +200,19 @@ def test_two_training_steps_on_the_tiny_model(tmp_path):
         assert trainer.state.step == 2 and m["tokens/generated"] > 0 and "reward/reasoning_gym" in m
         metrics = trainer.evaluate().metrics()
         assert {"eval/accuracy", "eval/pass@2", "eval/maj@2"} <= set(metrics)
+
+
+def test_the_docs_example_recipe_builds():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from rollwise.config import validate
+    from rollwise.train.config import RunConfig
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "tasks.md").read_text()
+    recipe = yaml.safe_load(re.search(r"```yaml\n(.*?)```", text, re.S).group(1))
+    task = validate(RunConfig, recipe).task.build(0)
+    assert len(task.eval) == 200 and {p.columns["dataset"] for p in task.eval} == {"chain_sum", "leg_counting",
+                                                                                   "gsm_symbolic"}

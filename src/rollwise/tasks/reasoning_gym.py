@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import random
+import threading
 from collections import OrderedDict
 from typing import Any, Literal
 
@@ -116,11 +117,17 @@ def _import_factory():
 
 
 class Generator:
-    """One reasoning-gym dataset addressed by an unbounded index (see the module docstring)."""
+    """One reasoning-gym dataset addressed by an unbounded index (see the module docstring).
+
+    Thread-safe: the async producer draws train prompts while evaluation and scoring run
+    elsewhere, and some generators keep state on the instance (``knights_knaves``' ``self.rng``).
+    """
 
     def __init__(self, factory, name: str, config: dict, base: int):
         self.factory, self.name, self.config, self.base = factory, name, dict(config), base
         self._chunks: OrderedDict[int, Any] = OrderedDict()
+        self._scorer = None  # chunk 0's instance, kept for score_answer whatever the cache holds
+        self._lock = threading.Lock()
 
     def _chunk(self, chunk: int):
         if chunk not in self._chunks:
@@ -133,10 +140,14 @@ class Generator:
 
     def item(self, index: int) -> dict:
         chunk, offset = divmod(index, CHUNK)
-        return self._chunk(chunk)[offset]
+        with self._lock:
+            return self._chunk(chunk)[offset]
 
     def score_answer(self, answer: str | None, entry: dict) -> float:
-        return self._chunk(0).score_answer(answer, entry)  # every chunk shares the config
+        if self._scorer is None:
+            with self._lock:
+                self._scorer = self._chunk(0)
+        return self._scorer.score_answer(answer, entry)  # every chunk shares the config
 
 
 def _check_spec(factory, i: int, spec: DatasetSpec) -> None:

@@ -173,9 +173,9 @@ def test_config_errors_name_the_field_and_the_fix():
     msg = _config_error("task.datasets=[{name: chain_sum, config: {min_terms: 5, max_terms: 2}}]")
     assert msg.startswith("task.datasets[0].config: chain_sum rejects") and "max_terms must be >= min_terms" in msg
     assert "task.datasets[0].config.seed: rollwise sets it" in _config_error("task.datasets=[{name: chain_sum, config: {seed: 1}}]")
-    assert "task.datasets is empty" in _config_error("task.datasets=[]")
+    assert "'task.datasets': Value error, no datasets" in _config_error("task.datasets=[]")
     assert "'task.datasets.0.weight'" in _config_error("task.datasets=[{name: chain_sum, weight: 0}]")
-    assert "lists 'chain_sum' twice" in _config_error("task.datasets=[{name: chain_sum}, {name: chain_sum}]")
+    assert "'chain_sum' is listed twice" in _config_error("task.datasets=[{name: chain_sum}, {name: chain_sum}]")
     assert "task.answer_format" in _config_error("task.answer_format=latex")
 
 

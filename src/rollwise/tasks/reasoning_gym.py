@@ -95,11 +95,11 @@ class ReasoningGymConfig(StrictModel):
     @classmethod
     def _some_unique(cls, value: list[DatasetSpec]) -> list[DatasetSpec]:
         if not value:
-            raise ValueError("task.datasets is empty; list at least one, e.g. [{name: chain_sum}]")
+            raise ValueError("no datasets; list at least one, e.g. [{name: chain_sum}]")
         names = [d.name for d in value]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
-            raise ValueError(f"task.datasets lists {twice[0]!r} twice; give each dataset one entry (one config)")
+            raise ValueError(f"{twice[0]!r} is listed twice; give each dataset one entry (one config)")
         return value
 
     def build(self, seed: int, sandbox=None) -> Task:  # no code runs: the sandbox is not used

@@ -294,3 +294,60 @@ def test_a_missing_peft_names_the_extra(monkeypatch):
 def test_what_lora_does_not_compose_with_is_a_config_error(tmp_path, extra, match):
     with pytest.raises(ConfigError, match=match):
         Trainer(load_run_config(None, [f"output_dir={tmp_path}", *LORA, *extra]))
+
+
+def test_resuming_with_lora_switched_is_a_config_error(tmp_path, warm):
+    common = ["train.steps=1", "train.eval_every=0", "train.checkpoint_every=1"]
+    with trainer(tmp_path, warm, "run", *common) as t:
+        t.prepare()
+        t.fit()
+    plain = [s for s in sets(tmp_path, warm, "run", *common) if not s.startswith("model.lora")]
+    with Trainer(load_run_config(None, plain)) as t:
+        with pytest.raises(ConfigError, match="has no model.safetensors but has adapter.safetensors"):
+            t.prepare(resume=True)
+
+
+def test_sft_with_lora_saves_a_merged_plain_model(tmp_path):
+    from rollwise.cli import app
+
+    out = tmp_path / "sft"
+    args = ["sft", "--set", "sft.steps=3", "--set", "sft.batch_size=8", "--set", "model.threads=1",
+            "--set", "model.lora.r=4", "--set", "sft.lr=0.05", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    base, _ = load_model_and_tokenizer(ModelConfig(device="cpu"))  # the preset the SFT started from
+    assert not any("lora" in n for n in merged.state_dict())
+    moved = [n for n, t in base.state_dict().items() if not torch.equal(t, merged.state_dict()[n])]
+    assert moved and all(n.split(".")[-2].endswith("_proj") for n in moved)  # only the targeted linears
+
+
+# -- Ray rollout workers -----------------------------------------------------------------------
+
+def test_ray_workers_sample_with_the_adapter_and_train_like_in_process(tmp_path, warm, ray_cluster):
+    from rollwise.dist.pool import from_numpy
+
+    def run(name, *extra):
+        batches = []
+        with trainer(tmp_path, warm, name, "train.steps=2", "train.eval_every=0", "train.checkpoint_every=0",
+                     *extra) as t:
+            t.prepare()
+            train_on = t.train_on
+            t.train_on = lambda batch, waited=0.0: (
+                batches.append([[r.completion_ids for r in g.rollouts] for g in batch.groups]), train_on(batch, waited)
+            )[1]
+            t.fit()
+            sent = set(from_numpy(ray_cluster_get(t.pool.weights[1]))) if t.pool is not None else None
+            return batches, snapshot(t.model), sent
+
+    local, w_local, _ = run("local")
+    dist, w_dist, sent = run("dist", "rollout.workers=2")
+    assert dist == local  # step 2 was sampled by workers holding the step-1 adapter
+    assert all(torch.equal(w_local[k], w_dist[k]) for k in w_local)
+    assert sent and all(is_adapter(k) for k in sent)  # a weight sync carries the adapter only
+
+
+def ray_cluster_get(ref):
+    import ray
+
+    return ray.get(ref)

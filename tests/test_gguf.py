@@ -277,7 +277,7 @@ def test_unsupported_architecture(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    one_line_config_error(lambda: load(tmp_path / "rwkv.gguf", tmp_path / "c"), "'rwkv6' is not supported", "llama")
+    one_line_config_error(lambda: load(tmp_path / "rwkv.gguf", tmp_path / "c"), "rwkv6 is not supported", "loader maps", " llama,")
 
 
 def test_unsupported_tensor_type(tmp_path):

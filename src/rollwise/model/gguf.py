@@ -101,10 +101,10 @@ def supported_architectures() -> list[str]:
     return sorted({*GGUF_SUPPORTED_ARCHITECTURES, *GGUF_CONFIG_ARCHS} - {"general", "tokenizer"})
 
 
-def check_header(path: Path) -> str:
-    """Read the metadata and tensor table; a one-line ConfigError for a corrupt or truncated file,
-    an architecture transformers cannot map, or a tensor type gguf cannot dequantize. Returns the
-    architecture."""
+def check_header(path: Path) -> str | None:
+    """Read the metadata and tensor table; a one-line ConfigError for a corrupt or truncated file or
+    a tensor type gguf cannot dequantize. Returns the architecture. Whether transformers can map the
+    architecture is left to transformers (it renames some of llama.cpp's names first), see `convert`."""
     import gguf
 
     try:
@@ -115,12 +115,10 @@ def check_header(path: Path) -> str:
     except Exception as err:  # the reader raises ValueError, IndexError, struct/numpy errors on bad bytes
         raise ConfigError(f"model.path '{path}' is a corrupt or truncated GGUF file ({type(err).__name__}: "
                           f"{_first_line(err)}); download it again") from None
-    supported = supported_architectures()
-    if architecture is None or (supported and architecture not in supported):
-        raise ConfigError(f"model.path '{path}': GGUF architecture {architecture!r} is not supported by "
-                          f"transformers' GGUF loader (supported: {', '.join(supported)}); use a HF model directory")
-    dequantizable = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, *gguf.quants._type_traits}
-    if bad := sorted(q.name for q in qtypes - dequantizable):
+    # gguf.quants.dequantize handles F32, F16 and the types with a class in this (private) table
+    traits = getattr(gguf.quants, "_type_traits", None)
+    dequantizable = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, *(traits or ())}
+    if traits is not None and (bad := sorted(q.name for q in qtypes - dequantizable)):
         raise ConfigError(f"model.path '{path}': tensor type {', '.join(bad)} cannot be dequantized by the gguf "
                           f"package; use a file in F32, F16, BF16, Q8_0, Q4_K... or a HF model directory")
     return architecture
@@ -139,12 +137,21 @@ def convert(path: Path, out: Path, dtype: str) -> None:
         model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=DTYPES[dtype], **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except (ValueError, NotImplementedError, KeyError, OSError) as err:
-        raise ConfigError(f"model.path '{path}': transformers cannot load this GGUF file "
-                          f"({type(err).__name__}: {_first_line(err)}); use a HF model directory") from None
+        raise load_error(path, err) from None
     plain_model(model, DTYPES[dtype]).save_pretrained(out)
     tokenizer.save_pretrained(out)
     source = {"gguf": str(path.resolve()), "sha256": file_sha256(path), "dtype": dtype}
     (out / "rollwise_source.json").write_text(json.dumps(source, indent=2) + "\n")
+
+
+def load_error(path: Path, err: Exception) -> ConfigError:
+    """transformers' refusal in one line: for an architecture it cannot map ("GGUF model with
+    architecture X is not supported yet"), with the list it can."""
+    if "not supported" in str(err) and (supported := supported_architectures()):
+        return ConfigError(f"model.path '{path}': {_first_line(err)} transformers' GGUF loader maps "
+                           f"{', '.join(supported)}; use a HF model directory")
+    return ConfigError(f"model.path '{path}': transformers cannot load this GGUF file "
+                       f"({type(err).__name__}: {_first_line(err)}); use a HF model directory")
 
 
 def plain_model(model, dtype):

@@ -125,6 +125,7 @@ def recomputed(model, outs, pad_id, packed=False):
 @pytest.mark.parametrize("kind", ["slots", "v1"])
 def test_the_engine_samples_from_the_current_lora_policy(kind):
     model, tok = lora_tiny()
+    frozen = {n: t.clone() for n, t in model.state_dict().items() if not is_adapter(n)}
     make = SlotEngine if kind == "slots" else Engine
     engine = make(model, pad_token_id=tok.pad_token_id, max_batch_size=4, seed=0)
     requests = [Request(tok(t)["input_ids"], SamplingParams(max_new_tokens=12, seed=i))
@@ -141,6 +142,7 @@ def test_the_engine_samples_from_the_current_lora_policy(kind):
             gaps = [(torch.tensor(o.logprobs) - ref).abs().max()
                     for o, ref in zip(outs, recomputed(base, outs, tok.pad_token_id))]
         assert max(gaps) > 0.05
+    assert all(torch.equal(t, model.state_dict()[n]) for n, t in frozen.items())  # merging copied, never wrote
 
 
 # -- the training forward ----------------------------------------------------------------------

@@ -106,9 +106,11 @@ def _wb(linear: torch.nn.Linear, merge: bool = True) -> tuple[torch.Tensor, torc
     names = _active(linear) if merge else []
     if not names:
         return base.weight, base.bias
-    with torch.no_grad():
-        weight = base.weight + sum(linear.get_delta_weight(n) for n in names).to(base.weight.dtype)
-    return weight, base.bias
+    with torch.no_grad():  # in float32, rounded once to the base dtype
+        weight = base.weight.to(torch.float32, copy=True)  # a copy even when already float32
+        for n in names:
+            weight += linear.scaling[n] * (linear.lora_B[n].weight.float() @ linear.lora_A[n].weight.float())
+    return weight.to(base.weight.dtype), base.bias
 
 
 def _adapters(linear) -> tuple[Adapter, ...]:

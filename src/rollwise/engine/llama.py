@@ -13,7 +13,8 @@ are folded into the query-length dimension, so each key/value head is read once.
 
 LoRA (peft's ``lora.Linear``, ``model.lora``): a wrapped linear holds the frozen ``base_layer``
 and adapters ``A``, ``B`` with a ``scaling``. For sampling, ``refresh`` folds them into one
-matrix ``W + scaling·B·A`` (without gradient, no dropout), so a decode step costs what it
+matrix ``W + scaling·B·A`` (without gradient, no dropout; summed in float32, rounded once;
+a new tensor, the base is never written), so a decode step costs what it
 costs without LoRA; the price is one merged copy of each wrapped weight, rebuilt at every
 ``refresh`` (every ``load_weights``): in-place updates to an adapter are seen only then. The
 packed training forward asks for the factored form instead (``merge_adapters=False``): base

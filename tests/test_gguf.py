@@ -187,6 +187,7 @@ def test_second_load_does_not_convert_and_dtype_is_part_of_the_key(tmp_path, tin
     assert conversions == ["float32", "bfloat16"] and model.dtype == torch.bfloat16
     digest = rw_gguf.file_sha256(path)[:16]
     assert sorted(p.name for p in (cache / "gguf").iterdir()) == [f"{digest}-bfloat16", f"{digest}-float32"]
+    assert (cache / "gguf" / f"{digest}-float32").stat().st_mode & 0o755 == 0o755  # readable by other users
 
 
 def test_cache_follows_the_environment_and_stays_out_of_the_run_dir(tmp_path, tiny, monkeypatch):

@@ -179,6 +179,7 @@ def _write_atomically(entry: Path, write) -> Path:
     entry.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(entry)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-{socket.gethostname()}-{os.getpid()}-", dir=entry.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private (0700); the cache may be shared by users
     try:
         write(tmp)
         try:

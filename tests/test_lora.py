@@ -355,3 +355,21 @@ def ray_cluster_get(ref):
     import ray
 
     return ray.get(ref)
+
+
+def test_a_gpt2_model_gets_adapters_on_its_conv1d_and_merges_exactly():
+    # not Llama-family: the v1 engine and the HF forward (peft's own) run it; Conv1D stores W transposed
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rollwise.model.lora import merge_into_base
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=60, bos_token_id=0, eos_token_id=0)
+    model = apply_lora(GPT2LMHeadModel(config), LoraConfig(r=2, target_modules=["c_attn", "c_fc"])).eval()
+    randomize_b(model, std=0.1)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        policy = model(input_ids=ids).logits
+        merged = merge_into_base(model)(input_ids=ids).logits
+    assert not any("lora" in n for n in model.state_dict())
+    torch.testing.assert_close(merged, policy, rtol=1e-5, atol=1e-5)

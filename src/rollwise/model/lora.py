@@ -57,9 +57,11 @@ def _peft():
 
 
 def linear_names(model) -> list[str]:
-    """The distinct last names of the model's ``nn.Linear`` modules, the LM head aside (it is
-    tied to the embedding in many models, and the slot engine reads it as a plain matrix)."""
-    names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    """The distinct last names of the model's linears (``nn.Linear``, and GPT-2's ``Conv1D``,
+    which peft wraps too), the LM head aside (it is tied to the embedding in many models, and
+    the slot engine reads it as a plain matrix)."""
+    names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+             if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"}
     return sorted(names - {"lm_head"})
 
 

@@ -79,15 +79,16 @@ def check_targets(model, targets: list[str]) -> None:
 def apply_lora(model, cfg: LoraConfig, seed: int = 0):
     """Wrap ``cfg.target_modules`` in LoRA adapters, in place; only the adapters stay trainable.
 
-    A is drawn (peft's Kaiming init) from its own generator seeded by ``seed``, not from the
-    global RNG: every process building this policy (a resumed run, a Ray worker, ``export``)
-    gets the same adapter, and turning LoRA on does not shift the run's other random draws.
+    A is drawn (peft's Kaiming init) under a forked RNG seeded by ``seed``: every process
+    building this policy (a resumed run, a Ray worker, ``export``) gets the same adapter, and
+    the global RNG is left as it was, so turning LoRA on does not shift the run's other draws.
     """
     peft = _peft()
     check_targets(model, cfg.target_modules)
     config = peft.LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                              target_modules=list(cfg.target_modules), bias="none")
-    with torch.random.fork_rng(devices=[]):
+    device = next(model.parameters()).device  # peft puts each adapter on its base layer's device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         model = peft.inject_adapter_in_model(config, model)
     for name, p in model.named_parameters():
@@ -105,7 +106,7 @@ def lora_layers(model) -> list[torch.nn.Module]:
 
 
 def has_lora(model) -> bool:
-    return any(True for _ in lora_layers(model))
+    return bool(lora_layers(model))
 
 
 def trainable_parameters(model) -> list[torch.nn.Parameter]:

@@ -357,6 +357,7 @@ def ray_cluster_get(ref):
     return ray.get(ref)
 
 
+@pytest.mark.filterwarnings("ignore:fan_in_fan_out is set to False")  # peft's notice: it sets it for Conv1D
 def test_a_gpt2_model_gets_adapters_on_its_conv1d_and_merges_exactly():
     # not Llama-family: the v1 engine and the HF forward (peft's own) run it; Conv1D stores W transposed
     from transformers import GPT2Config, GPT2LMHeadModel

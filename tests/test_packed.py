@@ -99,7 +99,8 @@ def test_packing_puts_short_rows_together():
     p = Packing.build(attn)
     assert p.bins == 2 and p.capacity == 6  # [6] and [3, 2, 1]
     assert p.positions.tolist() == [[0, 1, 2, 3, 4, 5], [0, 1, 2, 0, 1, 0]]
-    assert p.segments.tolist()[1] == [2, 2, 2, 1, 1, 3]
+    assert p.segments.tolist()[1] == [2, 2, 2, 1, 1, 3] and p.units.tolist()[1] == [2, 2, 2, 1, 1, 3]
+    assert p.shared == 0 and p.index[1].tolist() == [9, 10, -1, -1, -1, -1]  # row 1 after rows 0 and 2 (6 + 3)
 
 
 @given(st.lists(st.integers(1, 30), min_size=1, max_size=40), st.integers(0, 60))
@@ -109,7 +110,7 @@ def test_packing_places_every_token_once(lengths, extra):
     assert len(set(p.dest.tolist())) == sum(lengths) <= p.bins * p.capacity
     flat_seg, flat_pos = p.segments.view(-1), p.positions.view(-1)
     assert (flat_seg[p.dest] == p.rows).all() and (flat_pos[p.dest] == p.cols).all()
-    assert (p.starts[p.rows] + p.cols == p.dest).all()
+    assert (p.index[p.rows, p.cols] == torch.arange(len(p.dest))).all() and (p.index[attn == 0] == -1).all()
     bins = pack(lengths, p.capacity)
     assert all(sum(lengths[r] for r in b) <= p.capacity for b in bins)
     assert sorted(r for b in bins for r in b) == list(range(len(lengths)))

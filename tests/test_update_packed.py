@@ -1,7 +1,7 @@
 """The packed update (``optim.forward``) trains exactly as the HF module's padded forward does.
 
-Each case runs one ``policy_update`` twice from the same weights — packed and HF — and
-checks the loss, the metrics and every parameter's gradient agree; one case counts the rows
+Each case runs one ``policy_update`` twice from the same weights — packed (its groups' shared
+prompts computed once) and HF — and checks the loss, the metrics and every parameter's gradient agree; one case counts the rows
 the packed path really ran (skipping still applies), and ``optim.forward`` resolves to the
 packed forward on Llama-family models, to HF elsewhere, with a clear error when forced.
 """
@@ -59,6 +59,8 @@ def test_packed_update_equals_hf(tiny, case):
     hf, g_hf = _update(model, ref, batch, objective, False, options)
     packed, g_packed = _update(model, ref, batch, objective, True, options)
     assert hf.keys() == packed.keys()
+    # the groups' rows repeat their prompt: the packed forward computed it once (optim.share_prompts)
+    assert hf.pop("update/prompt_tokens_shared") == 0 < packed.pop("update/prompt_tokens_shared")
     for key in hf:
         assert packed[key] == pytest.approx(hf[key], rel=1e-4, abs=1e-6), key
     scale = max(float(g.abs().max()) for g in g_hf.values())

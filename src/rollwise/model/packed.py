@@ -23,9 +23,32 @@ padded to the longest one (30% of the demo's update was padding) and HF's per-ca
   (``rollwise.model.logprobs``: the ``[N, V]`` float32 logits of a 150k vocabulary never exist
   at once).
 
+**Shared prompts** (``share_prompts``, ``optim.share_prompts``). The rows of a GRPO group
+repeat one prompt in front of different completions (a ~50-token chat prompt before ~15
+completion tokens, eight times). Rows whose prompt ids are identical — the prompt of a row is
+its tokens up to its first scored column — are laid out as one *unit*: the prompt once
+(positions ``0..P-1``, causal among themselves), then each row's completion as a segment at
+positions ``P..P+L-1`` that sees the whole prompt and its own earlier tokens, never another
+completion. A completion's first token is scored from the prompt's last state (shared), the
+rest from its segment, so the backward accumulates every row's gradient through the one
+prompt exactly as through its own copy: the numbers are the unshared path's (prefix sharing
+of SGLang's RadixAttention and of "prefix grouper"-style GRPO training, here within one
+dense-masked bin). Only identical prompts are shared and completions are never merged (tree
+rollouts, ``loss_weights`` are untouched). A unit longer than a bin splits into several, each
+with its own prompt copy. The bin size is a trade (``choose_capacity``): larger bins share more
+of a group's prompt, but the dense mask makes each bin's attention cost its size squared — so
+long completions, where the prompt is a small share of a row, keep bins near the longest row
+(on the ``small`` preset, 50-token prompts before ~300-token completions, bins 4× the longest
+row computed 11% fewer tokens yet made the forward and backward 1.5–2.4× slower on a busy
+machine; ~15-token completions: one bin per group, 0.3× the time). ``PackedForward.prompt_tokens_shared``
+counts the prompt tokens not computed again. One difference under LoRA dropout while
+training: a shared prompt draws one dropout mask for all its rows, not one per copy (the
+same expected gradient, correlated across the group).
+
 The result is laid out as the padded path's: ``[B, T-1]`` log-probs (and entropies), zero
 where nothing is scored, so everything downstream is unchanged. ``tests/test_packed.py``
-checks log-probs, entropies and gradients equal the HF module's own forward.
+checks log-probs, entropies and gradients equal the HF module's own forward, and
+``tests/test_packed_shared.py`` that sharing prompts changes none of them.
 """
 
 from __future__ import annotations
@@ -71,49 +94,150 @@ def pack(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
+SHARED = -1  # the segment id of a shared prompt's tokens: every segment of its unit sees them
+SHARED_BIN_ROWS = 4  # choose_capacity tries bins of up to this many longest rows' worth of tokens
+
+
+def shared_units(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 scored: torch.Tensor) -> list[tuple[int, list[int]]]:
+    """Rows of ``input_ids [B, T]`` grouped by identical prompt, as (prompt length, member rows).
+
+    A row's prompt is its tokens up to its first scored column (column ``t`` of ``scored
+    [B, T-1]`` scores token ``t+1``); a row with nothing scored is its own unit, whole.
+
+    >>> ids = torch.tensor([[1, 2, 5, 0], [1, 2, 6, 7], [1, 3, 5, 0]])
+    >>> attn = (ids != 0).long()
+    >>> shared_units(ids, attn, torch.tensor([[0, 1, 0], [0, 1, 1], [0, 1, 0]]))
+    [(2, [0, 1]), (2, [2])]
+    """
+    lengths = attention_mask.sum(-1).tolist()
+    hit = scored != 0
+    first = hit.int().argmax(-1).tolist()  # [B] each row's first scored column
+    units: dict[tuple[int, ...], list[int]] = {}
+    whole: list[tuple[int, list[int]]] = []
+    for r, (row, any_hit) in enumerate(zip(input_ids.tolist(), hit.any(-1).tolist())):
+        if any_hit:
+            units.setdefault(tuple(row[: first[r] + 1]), []).append(r)
+        else:
+            whole.append((lengths[r], [r]))
+    return [(len(prompt), members) for prompt, members in units.items()] + whole
+
+
 @dataclass
 class Packing:
-    """Where each real token of a right-padded ``[B, T]`` batch sits in ``[bins, capacity]``."""
+    """Where each token the forward computes sits in ``[bins, capacity]``, and which computed
+    token holds each real token of the right-padded ``[B, T]`` batch.
+
+    A unit is a prompt and the completions of its member rows; without shared prompts, every
+    row is a unit of one sequence and each real token is computed once.
+    """
 
     bins: int
     capacity: int
-    starts: torch.Tensor  # [B] flat bin position of each row's first token
-    dest: torch.Tensor  # [N] flat bin position of each real token, in row-major (row, t) order
-    rows: torch.Tensor  # [N] its row
-    cols: torch.Tensor  # [N] its column t
+    rows: torch.Tensor  # [N] the row of each computed token (a shared prompt's: its unit's first member)
+    cols: torch.Tensor  # [N] its column t, which is also its position
+    dest: torch.Tensor  # [N] its flat bin position
+    index: torch.Tensor  # [B, T] the computed token holding each real token (-1 at padding)
     positions: torch.Tensor  # [bins, capacity] position within its own sequence (0 at padding)
-    segments: torch.Tensor  # [bins, capacity] which sequence (a unique negative id at padding)
+    units: torch.Tensor  # [bins, capacity] which unit (a unique negative id at padding)
+    segments: torch.Tensor  # [bins, capacity] which row, SHARED on a shared prompt and at padding
+    shared: int = 0  # prompt tokens not computed again: Σ (members - 1) × prompt length
 
     @classmethod
-    def build(cls, attention_mask: torch.Tensor, capacity: int | None = None) -> "Packing":
-        lengths = attention_mask.sum(-1)  # [B] (right-padded rows)
-        capacity = max(int(lengths.max()), capacity or 0)
-        bins = pack(lengths.tolist(), capacity)
-        start = torch.zeros_like(lengths)  # [B] flat position of each row's first token
-        for b, members in enumerate(bins):
+    def build(cls, attention_mask: torch.Tensor, capacity: int | None = None,
+              units: list[tuple[int, list[int]]] | None = None, pair_cost: float = 0.0) -> "Packing":
+        """``units`` as ``shared_units`` returns them (None: every row alone); ``capacity``
+        defaults to the longest row, or with ``units`` to ``choose_capacity(..., pair_cost)``
+        (``pair_cost`` 0: the bins that share the most)."""
+        B, T = attention_mask.shape
+        lengths = attention_mask.sum(-1).tolist()  # right-padded rows
+        longest = max(lengths)
+        if capacity is None and units is not None:
+            capacity = choose_capacity(units, lengths, pair_cost)
+        units = [(n, [r]) for r, n in enumerate(lengths)] if units is None else units
+        capacity = max(capacity or 0, longest)
+        units = [part for u in units for part in _split(u, lengths, capacity)]
+        # pieces (row, first column, tokens, flat destination, unit, segment): a prompt, then its completions
+        pieces: list[tuple[int, int, int, int, int, int]] = []
+        layout = pack([_span(u, lengths) for u in units], capacity)
+        for b, members in enumerate(layout):
             offset = b * capacity
-            for row in members:
-                start[row] = offset
-                offset += int(lengths[row])
-        rows, cols = attention_mask.nonzero(as_tuple=True)  # row-major: cols run 0..len-1 per row
-        dest = start[rows] + cols
-        total = len(bins) * capacity
-        positions = torch.zeros(total, dtype=torch.long, device=dest.device)
-        segments = -1 - torch.arange(total, device=dest.device)  # padding: each slot its own segment
-        positions[dest] = cols
-        segments[dest] = rows
-        return cls(len(bins), capacity, start, dest, rows, cols, positions.view(len(bins), capacity),
-                   segments.view(len(bins), capacity))
+            for u in members:
+                prompt, rows = units[u]
+                pieces.append((rows[0], 0, prompt, offset, u, SHARED if len(rows) > 1 else rows[0]))
+                offset += prompt
+                for r in rows:
+                    pieces.append((r, prompt, lengths[r] - prompt, offset, u, r))
+                    offset += lengths[r] - prompt
+        device, bins = attention_mask.device, len(layout)
+        piece = torch.tensor(pieces, dtype=torch.long, device=device).view(-1, 6)  # [K, 6]
+        sizes = piece[:, 2]
+        of = torch.repeat_interleave(torch.arange(len(piece), device=device), sizes)  # [N] each token's piece
+        n = len(of)
+        within = torch.arange(n, device=device) - (sizes.cumsum(0) - sizes)[of]
+        rows, cols, dest = piece[of, 0], piece[of, 1] + within, piece[of, 3] + within
+        total = bins * capacity
+        positions = torch.zeros(total, dtype=torch.long, device=device)
+        unit_ids = -1 - torch.arange(total, device=device)  # padding: each slot its own unit
+        segments = torch.full((total,), SHARED, dtype=torch.long, device=device)
+        positions[dest], unit_ids[dest], segments[dest] = cols, piece[of, 4], piece[of, 5]
+        index = torch.full((B, T), -1, dtype=torch.long, device=device)
+        index[rows, cols] = torch.arange(n, device=device)
+        for prompt, members in units:  # every member reads the one prompt
+            if len(members) > 1:
+                index[members[1:], :prompt] = index[members[0], :prompt].clone()
+        shared = sum((len(m) - 1) * prompt for prompt, m in units)
+        return cls(bins, capacity, rows, cols, dest, index, positions.view(bins, capacity),
+                   unit_ids.view(bins, capacity), segments.view(bins, capacity), shared)
 
     def attention_bias(self, window: int | None, groups: int, dtype: torch.dtype) -> torch.Tensor:
         """Additive mask [bins, 1, groups·capacity, capacity]: a token sees the earlier tokens of
-        its own sequence (within ``window``); query rows repeat per folded GQA head."""
-        pos, seg = self.positions, self.segments
-        visible = (seg[:, :, None] == seg[:, None, :]) & (pos[:, None, :] <= pos[:, :, None])
+        its own sequence and its unit's shared prompt (within ``window``); query rows repeat per
+        folded GQA head."""
+        pos, unit, seg = self.positions, self.units, self.segments
+        visible = ((unit[:, :, None] == unit[:, None, :]) & (pos[:, None, :] <= pos[:, :, None])
+                   & ((seg[:, :, None] == seg[:, None, :]) | (seg[:, None, :] == SHARED)))
         if window is not None:
             visible &= pos[:, None, :] > pos[:, :, None] - window
         bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
         return bias.repeat(1, groups, 1)[:, None]
+
+
+def choose_capacity(units: list[tuple[int, list[int]]], lengths: list[int], pair_cost: float) -> int:
+    """The bin size, among 1, 2 and ``SHARED_BIN_ROWS`` × the longest row and the longest unit
+    between them, with the least estimated work: tokens computed (after splitting units that do
+    not fit) + ``pair_cost`` × bins × size² (the dense attention of each bin, per query-key pair,
+    in units of one token's per-token work). Ties go to the smaller bin.
+
+    >>> units = [(50, list(range(8)))]  # 8 rows share a 50-token prompt
+    >>> choose_capacity(units, [65] * 8, pair_cost=1e-3), choose_capacity(units, [550] * 8, pair_cost=1e-3)
+    (170, 550)
+    """
+    longest = max(lengths)
+    widest = max(_span(u, lengths) for u in units)
+    candidates = sorted({longest * k for k in (1, 2, SHARED_BIN_ROWS)} | {min(widest, SHARED_BIN_ROWS * longest)})
+
+    def cost(capacity: int) -> float:
+        spans = [_span(part, lengths) for u in units for part in _split(u, lengths, capacity)]
+        return sum(spans) + pair_cost * len(pack(spans, capacity)) * capacity**2
+
+    return min(candidates, key=cost)
+
+
+def _span(unit: tuple[int, list[int]], lengths: list[int]) -> int:
+    """Tokens of a unit laid out: its prompt once, then every member's completion."""
+    prompt, rows = unit
+    return prompt + sum(lengths[r] - prompt for r in rows)
+
+
+def _split(unit: tuple[int, list[int]], lengths: list[int], capacity: int) -> list[tuple[int, list[int]]]:
+    """A unit as units that each fit a bin: its completions first-fit decreasing into
+    ``capacity - prompt`` tokens, each part with its own copy of the prompt."""
+    prompt, rows = unit
+    if _span(unit, lengths) <= capacity:
+        return [unit]
+    parts = pack([lengths[r] - prompt for r in rows], capacity - prompt)
+    return [(prompt, [rows[i] for i in part]) for part in parts]
 
 
 class PackedForward:
@@ -121,10 +245,17 @@ class PackedForward:
 
     def __init__(self, model):
         self.llama = LlamaForward(model, merge_adapters=False)  # LoRA: factored, differentiable
+        self.prompt_tokens_shared = 0  # prompt tokens shared prompts spared, over every call so far
+        # one query-key pair of dense attention (q·k and its share of the weighted sum: 4·hd FLOPs
+        # per head) against one token's linears (2 FLOPs per weight), for choose_capacity
+        layer, f = self.llama.layers[0], self.llama
+        weights = sum(getattr(layer, name)[0].numel() for name in ("q", "k", "v", "o", "gate", "up", "down"))
+        self.pair_cost = 2 * f.n_heads * f.head_dim / weights
 
     def hidden(self, input_ids: torch.Tensor, packing: Packing) -> torch.Tensor:
-        """Final-norm hidden states ``[N, D]`` of the ``N`` real tokens of ``input_ids [B, T]``,
-        in row-major order (row 0's tokens, then row 1's, ...).
+        """Final-norm hidden states ``[N, D]`` of the ``N`` tokens ``packing`` computes (each real
+        token of ``input_ids [B, T]`` once, a shared prompt once for all its rows), in its order:
+        ``packing.index`` says which one holds a given ``(row, t)``.
 
         Every per-token op — norms, projections, RoPE, the MLP — runs on the flat stream of real
         tokens, so no padding is computed at all; only attention, which must see each sequence
@@ -132,7 +263,7 @@ class PackedForward:
         """
         f = self.llama
         f.refresh()  # parameter references, in case a load replaced the tensors
-        f.ensure_rope(packing.capacity)
+        f.ensure_rope(int(packing.cols.max()) + 1 if len(packing.cols) else 1)  # the positions used, not the bin
         nb, C = packing.bins, packing.capacity
         H, Hkv, G, hd = f.n_heads, f.n_kv_heads, f.groups, f.head_dim
         n, half = len(packing.dest), hd // 2
@@ -171,20 +302,24 @@ class PackedForward:
 
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor, *,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, with_entropy: bool = True,
-                 chunk: int | None = None, capacity: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 chunk: int | None = None, capacity: int | None = None,
+                 share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-prob of each scored next token, and its distribution's entropy, as ``[B, T-1]``.
 
         ``scored [B, T-1]`` (non-zero = compute) selects the columns, as in the padded path:
         column ``t`` scores ``input_ids[:, t+1]``; other columns are 0. ``chunk`` caps the
         positions per LM-head slice (``logits_chunk``); ``capacity`` the tokens per bin
-        (default: the longest row). Sampling settings as ``token_logprobs_and_entropy``.
+        (default: the longest unit, see ``Packing.build``). ``share_prompts`` computes the
+        prompt of rows with identical prompts once (the module docstring); the numbers are
+        the same either way. Sampling settings as ``token_logprobs_and_entropy``.
         """
         B, T = input_ids.shape
-        packing = Packing.build(attention_mask, capacity)
-        hidden = self.hidden(input_ids, packing)  # [N, D], row-major
-        first = attention_mask.sum(-1).cumsum(0) - attention_mask.sum(-1)  # [B] each row's first token in it
+        units = shared_units(input_ids, attention_mask, scored) if share_prompts else None
+        packing = Packing.build(attention_mask, capacity, units, self.pair_cost)
+        self.prompt_tokens_shared += packing.shared
+        hidden = self.hidden(input_ids, packing)  # [N, D]
         r, t = (scored != 0).nonzero(as_tuple=True)  # the positions to score, [S] each
-        h = hidden[first[r] + t]  # [S, D]: the state after token t predicts token t+1
+        h = hidden[packing.index[r, t]]  # [S, D]: the state after token t predicts token t+1
         targets = input_ids[r, t + 1][:, None]  # [S, 1]
         head = self.llama.lm_head
         sampling = (temperature, top_k, top_p, with_entropy)

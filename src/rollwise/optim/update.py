@@ -9,9 +9,11 @@ whole batch first, so the loss, the gradient and the optimizer step are those of
 batch; ``update/skipped_rows`` logs the share saved.
 
 Llama-family models run the forward packed (``rollwise.model.packed``, ``optim.forward``):
-no padding, the engine's own arithmetic, the LM head only on completion tokens; other
-models run the HF module on the padded micro-batch. Both give the same log-probs and
-gradients (``tests/test_packed.py``, ``tests/test_optim.py``).
+no padding, the engine's own arithmetic, the LM head only on completion tokens, and the
+rows of a micro-batch that repeat one prompt (a GRPO group) computing it once
+(``optim.share_prompts``; ``update/prompt_tokens_shared`` logs the prompt tokens spared per
+pass); other models run the HF module on the padded micro-batch. All give the same log-probs
+and gradients (``tests/test_packed.py``, ``tests/test_packed_shared.py``, ``tests/test_optim.py``).
 """
 
 from __future__ import annotations
@@ -31,14 +33,14 @@ def _micro_batches(n: int, size: int) -> list[slice]:
 
 
 def _logprobs(model, packed: PackedForward | None, sub: TrainBatch, sampling: dict, budget_mb: float | None,
-              with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+              with_entropy: bool = True, share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) ``[b, t-1]`` of a micro-batch's completion tokens under ``model``:
     packed when ``packed`` is given, else the HF module on the padded rows."""
     if packed is not None:
         scored = sub.completion_mask
         chunk = logits_chunk(model, 1, int(scored.sum()) + 1, budget_mb)  # the head sees scored positions only
         return packed.logprobs(sub.input_ids, sub.attention_mask, scored, chunk=chunk, with_entropy=with_entropy,
-                               **sampling)
+                               share_prompts=share_prompts, **sampling)
     chunk = logits_chunk(model, *sub.input_ids.shape, budget_mb)
     return token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, with_entropy=with_entropy,
                                       chunk=chunk, **sampling)
@@ -46,12 +48,13 @@ def _logprobs(model, packed: PackedForward | None, sub: TrainBatch, sampling: di
 
 @torch.no_grad()
 def _logprobs_no_grad(model, batch: TrainBatch, size: int, sampling: dict, budget_mb: float | None,
-                      packed: bool) -> torch.Tensor:
+                      packed: bool, share_prompts: bool = True) -> torch.Tensor:
     """Log-probs [B, T-1] of the batch under ``model`` without gradient (old or reference policy)."""
     out = torch.zeros_like(batch.behavior_logprobs)
     forward = PackedForward(model) if packed else None
     for mb in _micro_batches(len(batch), size):
-        lp, _ = _logprobs(model, forward, batch.select(mb), sampling, budget_mb, with_entropy=False)
+        lp, _ = _logprobs(model, forward, batch.select(mb), sampling, budget_mb, with_entropy=False,
+                          share_prompts=share_prompts)
         out[mb, : lp.shape[1]] = lp
     return out
 
@@ -65,7 +68,7 @@ def policy_update(
     model, optimizer, batch: TrainBatch, objective: ObjectiveConfig, *, micro_batch_size: int,
     num_iterations: int, max_grad_norm: float, max_len: int, temperature: float = 1.0, top_k: int = 0,
     top_p: float = 1.0, ref_model=None, skip_zero_advantage: bool = True, logits_budget_mb: float | None = None,
-    packed: bool = False,
+    packed: bool = False, share_prompts: bool = True,
 ) -> dict[str, float]:
     """``num_iterations`` optimizer steps on ``batch``; returns averaged metrics.
 
@@ -73,7 +76,8 @@ def policy_update(
     ``temperature``/``top_k``/``top_p`` are the sampling settings: trainer log-probs are
     computed on the distribution the engine sampled from. ``logits_budget_mb`` caps the
     float32 logits a forward holds at once (``rollwise.model.logprobs``: chunked LM head).
-    ``packed`` runs the forward packed (Llama-family models: ``supports_packing``).
+    ``packed`` runs the forward packed (Llama-family models: ``supports_packing``), and with
+    ``share_prompts`` computes a prompt repeated by rows of a micro-batch once (the same numbers).
     ``ref_model`` is the KL reference: a frozen module or a ``rollwise.model.reference.Reference``.
     """
     device = next(model.parameters()).device
@@ -87,7 +91,8 @@ def policy_update(
     ref_full = None
     if objective.needs_reference:  # a frozen copy, or (LoRA) the policy with its adapters off
         with as_reference(ref_model).module() as reference:
-            ref_full = _logprobs_no_grad(reference, batch, micro_batch_size, sampling, logits_budget_mb, packed)
+            ref_full = _logprobs_no_grad(reference, batch, micro_batch_size, sampling, logits_budget_mb, packed,
+                                         share_prompts)
         if "ace" in objective.shaping:
             batch.advantages, shaping = ace_shift(batch, ref_full)
     n_rows = len(batch)
@@ -99,7 +104,7 @@ def policy_update(
     weights = weights[rows]
     ref = ref_full[rows] if ref_full is not None else None
     # With one pass, the proximal ("old") policy is the current one: ratio 1, detached.
-    old = (_logprobs_no_grad(model, work, micro_batch_size, sampling, logits_budget_mb, packed)
+    old = (_logprobs_no_grad(model, work, micro_batch_size, sampling, logits_budget_mb, packed, share_prompts)
            if num_iterations > 1 and work is not None else None)
     total_tokens = max(float(trained[rows].sum()), 1.0)
     totals: dict[str, float] = {}
@@ -111,7 +116,7 @@ def policy_update(
             sub = work.select(mb)
             width = sub.completion_mask.shape[1]
             mask = sub.trained_mask
-            policy_lp, entropy = _logprobs(model, forward, sub, sampling, logits_budget_mb)
+            policy_lp, entropy = _logprobs(model, forward, sub, sampling, logits_budget_mb, share_prompts=share_prompts)
             old_lp = policy_lp.detach() if old is None else old[mb, :width]
             loss, m = policy_loss(
                 policy_lp, old_lp, sub.advantages, mask, weights[mb, :width], objective,
@@ -138,6 +143,9 @@ def policy_update(
     totals.setdefault("loss", 0.0)
     totals["update/skipped_rows"] = 1.0 - len(rows) / max(n_rows, 1)
     totals["update/trained_tokens"] = float(trained[rows].sum())
+    # prompt tokens the training forward did not compute again, per pass over the batch
+    shared = forward.prompt_tokens_shared / num_iterations if forward is not None else 0.0
+    totals["update/prompt_tokens_shared"] = shared
     return totals | shaping
 
 

@@ -81,6 +81,10 @@ class OptimConfig(StrictModel):
         "auto", description="the update's forward: packed (no padding, short rows share a row, the LM head only on "
         "completion tokens; Llama/Qwen2/Mistral), hf (the HF module on padded rows, any model), auto = packed when "
         "the model supports it")
+    share_prompts: bool = Field(
+        True, description="packed forward: rows of a micro-batch with identical prompt ids (a GRPO group) compute "
+        "the prompt once and attend to it from each completion — the same log-probs and gradients, fewer tokens "
+        "(update/prompt_tokens_shared); false lays out every row whole, for comparisons")
 
 
 class TrainConfig(StrictModel):

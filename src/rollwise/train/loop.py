@@ -343,7 +343,7 @@ class Trainer:
             num_iterations=passes, max_grad_norm=o.max_grad_norm,
             max_len=r.max_new_tokens, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
             ref_model=self.ref_model, skip_zero_advantage=o.skip_zero_advantage, logits_budget_mb=o.logits_budget_mb,
-            packed=self.packed,
+            packed=self.packed, share_prompts=o.share_prompts,
         )
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the LR this step trained with
         self.scheduler.step()  # once per training step, however many iterations the update ran

@@ -2,6 +2,7 @@
 
 import io
 
+import torch
 from rich.console import Console
 
 from rollwise.bench.update import run_update_bench
@@ -59,3 +60,19 @@ def test_update_bench_memory_arm_runs_both_settings_in_fresh_processes():
     for m in (whole, chunked, packed):
         assert m["peak_mb"] >= m["before_mb"] > 0, m
     assert packed["packed"] and not chunked["packed"] and packed["params"] == whole["params"]
+
+
+def test_update_bench_shared_arm_computes_each_prompt_once():
+    from rollwise.bench.update import chat_batch
+
+    batch = chat_batch(50, rows=10, group=4, prompt=6, completion=4)
+    prompts = batch.input_ids[:, :6]
+    assert (prompts[:4] == prompts[0]).all() and (prompts[8:] == prompts[8]).all()
+    assert not torch.equal(prompts[0], prompts[4])
+    assert (batch.completion_mask.sum(-1) >= 2).all() and (batch.completion_mask[:, :5] == 0).all()
+    settings = ["arms=[shared]", "presets=[tiny]", "repeats=2", "shared_rows=16", "shared_group=4", "shared_prompt=20",
+                "shared_completion=6"]
+    res = run_update_bench(settings, Console(file=io.StringIO(), width=200))["shared"]
+    row = res["presets"]["tiny"]
+    assert row["computed_tokens_on"] == row["real_tokens"] - 4 * 3 * 20  # 4 groups, 3 rows each spared the prompt
+    assert row["on"]["seconds"] > 0 and row["time_ratio"] == row["on"]["seconds"] / row["off"]["seconds"]

@@ -19,7 +19,14 @@ positions and attention scores do not count — divided by the update's wall tim
 machine's fp32 matmul FLOP/s (a square matmul at the same thread count, as ``bench engine``
 reports it). Best against best: the matmul is re-measured beside every update and its
 highest reading is the machine's limit; the update's time is its fastest run (the median is
-kept too), so a busy moment on a shared machine lowers neither side alone.
+kept too), so a busy moment on a shared machine lowers neither side alone. Its packed forward
+lays every row out whole (``share_prompts=False``), so its utilisation counts work it did.
+
+The ``shared`` arm measures shared-prompt packing (``optim.share_prompts``) on chat-like rows:
+groups of ``shared_group`` rollouts repeat one ``shared_prompt``-token prompt before short
+completions (``shared_completion`` tokens on average), as a chat template does; one update of
+the whole batch, packed with shared prompts on and off in turn, ``repeats`` times per preset.
+Reported: the tokens each side computes, the fastest and median update, and their ratio.
 
 The ``memory`` arm measures the peak memory of one policy update on a large-vocabulary model
 (a Qwen2-shaped random model built locally, 151,936 tokens by default) with the whole logits
@@ -53,11 +60,16 @@ class UpdateBenchConfig(StrictModel):
     steps: int = Field(40, ge=1, description="training steps per arm")
     seed: int = Field(0, description="run seed of both arms")
     threads: int = Field(1, ge=0, description="torch threads (0 = the recipe's); 1 is steadiest on shared machines")
-    arms: list[Literal["skip", "forward", "throughput", "memory"]] = Field(
-        ["skip", "forward", "throughput", "memory"], min_length=1, description="what to run")
+    arms: list[Literal["skip", "forward", "throughput", "shared", "memory"]] = Field(
+        ["skip", "forward", "throughput", "shared", "memory"], min_length=1, description="what to run")
     presets: list[str] = Field(["tiny", "medium"], min_length=1, description="throughput arm: model presets")
-    repeats: int = Field(8, ge=2, description="throughput arm: updates per forward and preset (the first of "
-                         "each is a warm-up and not counted)")
+    repeats: int = Field(8, ge=2, description="throughput and shared arms: updates per side and preset (the "
+                         "first of each is a warm-up and not counted)")
+    shared_rows: int = Field(64, ge=2, description="shared arm: rollouts in the update batch (one micro-batch)")
+    shared_group: int = Field(8, ge=1, description="shared arm: rollouts per prompt")
+    shared_prompt: int = Field(50, ge=1, description="shared arm: prompt tokens (SmolLM2's chat template: ~50)")
+    shared_completion: int = Field(15, ge=2, description="shared arm: mean completion tokens (uniform in "
+                                   "[c/2, 3c/2])")
     vocab: int = Field(151_936, ge=2, description="memory arm: vocabulary of the random Qwen2-shaped model")
     hidden: int = Field(256, ge=8, description="memory arm: hidden size (the LM head dominates at a large vocabulary)")
     rows: int = Field(8, ge=1, description="memory arm: sequences in the update batch (one micro-batch; 16 rows of 256 take ~15 GB with whole logits)")
@@ -77,6 +89,10 @@ def run_update_bench(overrides: list[str], console) -> dict:
         with _quiet_transformers(), torch.random.fork_rng():
             out["throughput"] = _throughput(cfg, console)
         _print_throughput(console, out["throughput"])
+    if "shared" in cfg.arms:
+        with _quiet_transformers(), torch.random.fork_rng():
+            out["shared"] = _shared(cfg, console)
+        _print_shared(console, cfg, out["shared"])
     if "memory" in cfg.arms:
         with console.status("memory arm: one update, whole logits vs chunked LM head"):
             out["memory"] = {name: _measure_in_child(cfg, budget, packed) for name, budget, packed in
@@ -208,7 +224,7 @@ def _throughput(cfg: UpdateBenchConfig, console) -> dict:
                     status.update(f"throughput: {preset}, update {rep + 1}/{cfg.repeats}, forward={forward}")
                     start = time.perf_counter()
                     policy_update(model, opt, batch, ObjectiveConfig(), micro_batch_size=len(batch), num_iterations=1,
-                                  max_grad_norm=1.0, max_len=96, packed=forward == "packed")
+                                  max_grad_norm=1.0, max_len=96, packed=forward == "packed", share_prompts=False)
                     times[forward].append(time.perf_counter() - start)
                     peaks.append(matmul_flops(seconds=0.1))
         row = {"params": sum(p.numel() for p in model.parameters()), "rows": len(batch),
@@ -237,6 +253,78 @@ def _print_throughput(console, out: dict) -> None:
                       f"{r['packed']['seconds']:.3f}", f"{r['hf']['seconds']:.3f}",
                       f"{r['packed']['flop_utilization']:.1%}", f"{r['hf']['flop_utilization']:.1%}",
                       f"{r['speedup']:.2f}×")
+    console.print(table)
+
+
+def chat_batch(vocab: int, rows: int, group: int, prompt: int, completion: int, seed: int = 0):
+    """A TrainBatch of random tokens shaped like chat rollouts: each group of ``group`` rows
+    repeats one ``prompt``-token prompt before completions of ``completion`` tokens on average;
+    advantages ±1 by alternating groups (every row carries signal)."""
+    from rollwise.optim.batch import TrainBatch
+
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(max(1, completion // 2), completion * 3 // 2 + 1, (rows,), generator=gen)
+    width = prompt + int(lengths.max())
+    ids = torch.randint(3, vocab, (rows, width), generator=gen)
+    prompts = torch.randint(3, vocab, ((rows + group - 1) // group, prompt), generator=gen)
+    ids[:, :prompt] = prompts.repeat_interleave(group, 0)[:rows]
+    attn = (torch.arange(width)[None] < prompt + lengths[:, None]).long()
+    completion_mask = attn[:, 1:].float()
+    completion_mask[:, : prompt - 1] = 0
+    sign = torch.where((torch.arange(rows) // group) % 2 == 0, 1.0, -1.0)[:, None]
+    return TrainBatch(input_ids=ids * attn, attention_mask=attn, completion_mask=completion_mask,
+                      loss_weights=completion_mask.clone(), behavior_logprobs=-2.0 * completion_mask,
+                      advantages=sign * completion_mask, rewards=torch.zeros(rows),
+                      group_ids=torch.arange(rows) // group)
+
+
+def _shared(cfg: UpdateBenchConfig, console) -> dict:
+    import time
+
+    from rollwise.model.tiny import build_tiny
+    from rollwise.optim.objective import ObjectiveConfig
+    from rollwise.optim.update import policy_update
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = {"torch_threads": torch.get_num_threads(), "presets": {}}
+    for preset in cfg.presets:
+        model, tok = build_tiny(preset, seed=cfg.seed)
+        batch = chat_batch(len(tok), cfg.shared_rows, cfg.shared_group, cfg.shared_prompt, cfg.shared_completion,
+                           cfg.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
+        times: dict[str, list[float]] = {"on": [], "off": []}
+        shared = 0.0
+        with console.status(f"shared prompts: {preset}") as status:
+            for rep in range(cfg.repeats):
+                for side in (("on", "off") if rep % 2 == 0 else ("off", "on")):  # alternate who goes first
+                    status.update(f"shared prompts: {preset}, update {rep + 1}/{cfg.repeats}, share_prompts={side}")
+                    start = time.perf_counter()
+                    m = policy_update(model, opt, batch, ObjectiveConfig(), micro_batch_size=len(batch),
+                                      num_iterations=1, max_grad_norm=1.0, max_len=2 * cfg.shared_completion,
+                                      packed=True, share_prompts=side == "on")
+                    times[side].append(time.perf_counter() - start)
+                    shared = max(shared, m["update/prompt_tokens_shared"])
+        real = int(batch.attention_mask.sum())
+        row = {"rows": len(batch), "real_tokens": real, "computed_tokens_on": real - int(shared), "times": times}
+        for side, ts in times.items():
+            row[side] = {"seconds": min(ts[1:]), "median_seconds": sorted(ts[1:])[len(ts[1:]) // 2]}
+        row["time_ratio"] = row["on"]["seconds"] / row["off"]["seconds"]  # on / off, fastest against fastest
+        row["median_time_ratio"] = row["on"]["median_seconds"] / row["off"]["median_seconds"]
+        out["presets"][preset] = row
+    return out
+
+
+def _print_shared(console, cfg: UpdateBenchConfig, out: dict) -> None:
+    table = Table(title=f"one update of {cfg.shared_rows} chat-like rollouts (groups of {cfg.shared_group}, "
+                        f"{cfg.shared_prompt}-token prompt, ~{cfg.shared_completion}-token completions), packed, "
+                        f"share_prompts on vs off, {out['torch_threads']} thread(s)")
+    for col in ("preset", "tokens computed on / off", "on s (best)", "off s (best)", "on / off (best)",
+                "on / off (median)"):
+        table.add_column(col)
+    for preset, r in out["presets"].items():
+        table.add_row(preset, f"{r['computed_tokens_on']:,} / {r['real_tokens']:,}", f"{r['on']['seconds']:.3f}",
+                      f"{r['off']['seconds']:.3f}", f"{r['time_ratio']:.2f}×", f"{r['median_time_ratio']:.2f}×")
     console.print(table)
 
 

@@ -216,3 +216,17 @@ def test_the_docs_example_recipe_builds():
     task = validate(RunConfig, recipe).task.build(0)
     assert len(task.eval) == 200 and {p.columns["dataset"] for p in task.eval} == {"chain_sum", "leg_counting",
                                                                                    "gsm_symbolic"}
+
+
+def test_lenient_format_reads_prose_answers():
+    # SmolLM2-135M answers "6 + 6 = 12." or "The answer is 12. Here's why: 1. ..." and never boxes
+    assert extract("6 + 6 = 12.", "lenient") == "12"
+    assert extract("The answer is 12. Here's the reasoning: 1. The problem", "lenient") == "12"
+    assert extract("so \\boxed{-4} since 3 - 7 = -4 and 1", "lenient") == "-4"  # a box wins
+    assert extract("1,234 apples", "lenient") == "1234" and extract("no digits here", "lenient") is None
+    task = task_for(answer_format="lenient", datasets=MIX[:1])
+    p = task.train.get(3)
+    wrong = str(int(p.answer) + 1)
+    scores = score(task, [p, p, p], [f"It is {p.answer}.", f"The answer is {wrong}.", "I cannot say."])
+    assert [float(s) for s in scores] == [1.0, 0.0, 0.0]
+    assert "\\boxed{}" in p.messages[-1]["content"] and task.demonstrate(p) == f"\\boxed{{{p.answer}}}"

@@ -4,7 +4,12 @@ The final answer is read in the task's ``answer_format``:
 
 - ``answer_tag``: the content of the last ``<answer>...</answer>`` (reasoning-gym's own
   ``utils.extract_answer``, the convention of its system prompts);
-- ``boxed``: the content of the last ``\\boxed{...}`` (braces balanced, as ``math_answer`` reads it).
+- ``boxed``: the content of the last ``\\boxed{...}`` (braces balanced, as ``math_answer`` reads it);
+- ``lenient``: the last ``\\boxed{...}``, else the first number after the last ``answer is`` /
+  ``####``, else the last number in the text (``math_answer``'s order, read as a number). A small chat model (SmolLM2-135M)
+  answers arithmetic in prose ("6 + 6 = 12.") and never writes a box or a tag unprompted, so
+  under a strict format every sample scores 0 and GRPO has no signal; lenient reading scores
+  what it says.
 
 It is then scored by reasoning-gym's ``score_answer(answer, entry)`` of the prompt's dataset,
 the entry rebuilt from the prompt's columns (``question``, ``answer``, ``metadata``). Scores lie
@@ -32,10 +37,10 @@ from rollwise.filter.math_answer import last_boxed
 from rollwise.filter.rewards import as_text
 from rollwise.types import Score
 
-ANSWER_FORMATS = ("answer_tag", "boxed")
+ANSWER_FORMATS = ("answer_tag", "boxed", "lenient")
 MAX_ANSWER_CHARS = 2000
 _TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)  # reasoning_gym.utils.extract_answer's pattern
-_MISSING = {"answer_tag": "no <answer>...</answer> tag", "boxed": "no \\boxed{...} answer"}
+_MISSING = {"answer_tag": "no <answer>...</answer> tag", "boxed": "no \\boxed{...} answer", "lenient": "no final answer"}
 
 
 def extract(completion: str, answer_format: str = "answer_tag") -> str | None:
@@ -43,11 +48,30 @@ def extract(completion: str, answer_format: str = "answer_tag") -> str | None:
 
     >>> extract("<think>2+2</think> <answer> 4 </answer>"), extract("so \\\\boxed{4}.", "boxed"), extract("4")
     ('4', '4', None)
+    >>> extract("6 + 6 = 12.", "lenient"), extract("The answer is 12. Here it is: 1", "lenient")
+    ('12', '12')
     """
     if answer_format == "boxed":
         return last_boxed(completion)
+    if answer_format == "lenient":
+        return last_boxed(completion) or _lenient_number(completion)
     matches = _TAG.findall(completion)
     return matches[-1].strip() if matches else None
+
+
+_MARKER = re.compile(r"####|answer is", re.IGNORECASE)
+_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
+
+
+def _lenient_number(completion: str) -> str | None:
+    """The first number after the last ``answer is`` / ``####``, else the last number in the text."""
+    markers = list(_MARKER.finditer(completion))
+    if markers:
+        after = _NUMBER.search(completion, markers[-1].end())
+        if after:
+            return after.group().replace(",", "")
+    numbers = _NUMBER.findall(completion)
+    return numbers[-1].replace(",", "") if numbers else None
 
 
 def _short(text: Any, limit: int = 40) -> str:

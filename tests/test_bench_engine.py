@@ -83,3 +83,31 @@ def test_cli_bench_engine_bad_key_exits_2(tmp_path):
 
     result = CliRunner().invoke(rollwise.cli.app, ["bench", "engine", "--set", "num_prompt=8"])
     assert result.exit_code == 2
+
+
+def test_real_model_option_runs_chat_prompts_at_each_batch_size(tmp_path):
+    """models=[smollm2] on a tiny local Qwen2 chat model standing in for SmolLM2 (model_path)."""
+    pytest.importorskip("reasoning_gym", reason="the chat prompts need the reasoning extra")
+    from qwen2model import build_qwen2
+
+    from rollwise.bench.chat import chat_prompt_ids
+
+    path = build_qwen2(tmp_path / "chat")
+    cfg = load_bench_config(["models=[smollm2]", "workloads=[chat]"])
+    assert cfg.batch_sizes == [32, 64] and (cfg.chat_min_new_tokens, cfg.chat_max_new_tokens) == (64, 256)
+    assert load_bench_config([]).workloads == ["uniform", "long_tail", "fork"]  # the tiny defaults stay
+    res = run_engine_bench(["models=[smollm2]", f"model_path={path}", "threads=1", "num_prompts=4", "repeats=1",
+                            "batch_sizes=[2, 4]", "chat_min_new_tokens=4", "chat_max_new_tokens=8"],
+                           Console(file=io.StringIO(), width=200))
+    assert set(res["workloads"]) == {"chat@2", "chat@4"}
+    for w in res["workloads"].values():
+        assert w["rollwise_tok_s"] > 0 and w["hf_tok_s"] > 0
+        assert w["rollwise_stats"]["decode_tokens"] == w["useful_tokens"]
+    assert res["workloads"]["chat@2"]["hf_computed_tokens"] <= res["workloads"]["chat@4"]["hf_computed_tokens"]
+    # the prompts went through the chat template
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = chat_prompt_ids(tok, 1)[0]
+    text = tok.decode(ids)
+    assert text.startswith("<|im_start|>") and text.endswith("<|im_start|>assistant\n") and "arithmetic problem" in text

@@ -24,6 +24,13 @@ How the workloads are built, and why:
   ``fork_shots=0`` the workload is ``long_tail`` with one 9-token prompt. rollwise submits the prompt once
   and ``fork``s it before the first step (the prompt is prefilled once); HF samples that
   many independent copies of the prompt.
+- ``chat`` (the real model, issue 21): ``num_prompts`` reasoning-gym ``chain_sum`` prompts as chat
+  messages through the model's chat template (``bench/chat.py``; ~50-90 tokens on SmolLM2), lengths
+  drawn uniformly from ``[chat_min_new_tokens, chat_max_new_tokens]`` (64-256). Its model is
+  ``smollm2`` in ``models``: ``model_path`` (by default SmolLM2-135M-Instruct from the wheel's GGUF)
+  through rollwise's loader, the same object for both sides. ``models=[smollm2]`` defaults to
+  ``workloads=[chat]`` and ``batch_sizes=[32, 64]`` (each batch size a separate side-by-side
+  measurement); a ``--set`` wins.
 - HF ``generate`` has one ``max_new_tokens`` per call, so requests are cut into consecutive
   batches of ``batch_size``; each HF batch runs to its longest request and its extra tokens
   are computed but not counted. rollwise gets ``batch_size`` slots.
@@ -52,18 +59,28 @@ import torch
 from pydantic import Field
 from rich.table import Table
 
+from rollwise.bench.chat import SMOLLM2
 from rollwise.config import ConfigError, StrictModel, apply_overrides, validate
 
-WORKLOADS = ("uniform", "long_tail", "fork")
+WORKLOADS = ("uniform", "long_tail", "fork", "chat")
+REAL_MODEL = "smollm2"  # a name in `models`: the model at `model_path`, not a tiny preset
+REAL_DEFAULTS = {"workloads": ["chat"], "batch_sizes": [32, 64]}  # with models=[smollm2]; --set wins
 
 
 class EngineBenchConfig(StrictModel):
     """Settings of ``rollwise bench engine`` (override with ``--set key=value``)."""
 
     models: list[str] = Field(["tiny", "medium"], min_length=1,
-                              description="tiny model presets to benchmark (random init), in order")
-    workloads: list[Literal["uniform", "long_tail", "fork"]] = Field(list(WORKLOADS), min_length=1,
-                                                                     description="workloads to run")
+                              description="tiny model presets to benchmark (random init), in order; 'smollm2' = "
+                              "the real model at model_path")
+    model_path: str = Field(SMOLLM2, description="the 'smollm2' model: a GGUF, pkg: path or HF directory "
+                            "(rollwise's loader)")
+    workloads: list[Literal["uniform", "long_tail", "fork", "chat"]] = Field(
+        list(WORKLOADS[:3]), min_length=1, description="workloads to run (chat: the real model's chat prompts)")
+    batch_sizes: list[int] | None = Field(None, min_length=1, description="measure at each of these batch sizes "
+                                          "(null = [batch_size])")
+    chat_min_new_tokens: int = Field(64, ge=1, description="chat: smallest per-request max_new_tokens drawn")
+    chat_max_new_tokens: int = Field(256, ge=1, description="chat: largest per-request max_new_tokens drawn")
     engine: Literal["slots", "v1"] = Field("slots", description="rollwise engine: slots (v2) or v1 (static batches)")
     seed: int = Field(0, ge=0, description="seeds the model init, the prompts, the length draws and sampling")
     num_prompts: int = Field(64, ge=1, description="requests per workload (for fork: children of one prompt)")
@@ -84,13 +101,15 @@ def load_bench_config(overrides: list[str]) -> EngineBenchConfig:
     from rollwise.model.tiny import PRESETS
 
     cfg = validate(EngineBenchConfig, apply_overrides({}, list(overrides)))
-    if cfg.min_new_tokens > cfg.max_new_tokens:
-        raise ConfigError(
-            f"config field 'min_new_tokens' ({cfg.min_new_tokens}) must be <= 'max_new_tokens' ({cfg.max_new_tokens})"
-        )
+    if cfg.models == [REAL_MODEL]:
+        cfg = validate(EngineBenchConfig, apply_overrides(dict(REAL_DEFAULTS), list(overrides)))
+    for lo, hi in (("min_new_tokens", "max_new_tokens"), ("chat_min_new_tokens", "chat_max_new_tokens")):
+        if getattr(cfg, lo) > getattr(cfg, hi):
+            raise ConfigError(f"config field '{lo}' ({getattr(cfg, lo)}) must be <= '{hi}' ({getattr(cfg, hi)})")
     for name in cfg.models:
-        if name not in PRESETS:
-            raise ConfigError(f"config field 'models': unknown preset '{name}'; choose from {sorted(PRESETS)}")
+        if name not in PRESETS and name != REAL_MODEL:
+            raise ConfigError(f"config field 'models': unknown preset '{name}'; choose from "
+                              f"{sorted(PRESETS)} or '{REAL_MODEL}'")
     return cfg
 
 
@@ -131,6 +150,8 @@ def workload_lengths(cfg: EngineBenchConfig, name: str) -> list[int]:
     n = cfg.num_prompts
     if name == "uniform":
         return [rng.randint(cfg.min_new_tokens, cfg.max_new_tokens) for _ in range(n)]
+    if name == "chat":
+        return [rng.randint(cfg.chat_min_new_tokens, cfg.chat_max_new_tokens) for _ in range(n)]
     m = cfg.long_tail_median
     lengths = [rng.randint(m // 2, m * 3 // 2) for _ in range(n)]
     for i in rng.sample(range(n), max(1, round(cfg.long_tail_share * n))):
@@ -204,7 +225,11 @@ def _bench_workload(cfg, model, tok, params_count, name, flops, status) -> dict:
     task = build_arith(cfg.seed)
     lengths = workload_lengths(cfg, name)
     fork = name == "fork"
-    if fork:
+    if name == "chat":
+        from rollwise.bench.chat import chat_prompt_ids
+
+        prompts = chat_prompt_ids(tok, cfg.num_prompts, seed=cfg.seed)
+    elif fork:
         shots = "".join(p.text + task.demonstrate(p) + "\n" for p in map(task.train.get, range(1, 1 + cfg.fork_shots)))
         prompts = [tok(shots + task.train.get(0).text)["input_ids"]] * cfg.num_prompts
     else:
@@ -275,13 +300,23 @@ def _run_models(cfg: EngineBenchConfig, console) -> dict:
     with _quiet_transformers(), torch.random.fork_rng(), console.status("measuring matmul FLOP/s") as status:
         flops = matmul_flops()
         for name in cfg.models:
-            model, tok = build_tiny(name, seed=cfg.seed)
+            if name == REAL_MODEL:
+                from rollwise.bench.chat import load_chat_model
+
+                status.update(f"loading {cfg.model_path}")
+                model, tok = load_chat_model(cfg.model_path, seed=cfg.seed)
+            else:
+                model, tok = build_tiny(name, seed=cfg.seed)
             model.eval()
             params_count = sum(p.numel() for p in model.parameters())
             workloads = {}
-            for w in cfg.workloads:
-                status.update(f"{name} / {w}: warm-up")
-                workloads[w] = _bench_workload(cfg, model, tok, params_count, w, flops, status)
+            # batch_sizes: one side-by-side measurement per size, keyed "workload@size"
+            for size in cfg.batch_sizes or [cfg.batch_size]:
+                sized = cfg.model_copy(update={"batch_size": size})
+                for w in cfg.workloads:
+                    key = w if cfg.batch_sizes is None else f"{w}@{size}"
+                    status.update(f"{name} / {key}: warm-up")
+                    workloads[key] = _bench_workload(sized, model, tok, params_count, w, flops, status)
             models[name] = {"params": params_count, "workloads": workloads}
             _print_table(console, cfg, name, params_count, workloads)
     console.print(f"matmul: {flops / 1e9:.1f} GFLOP/s (fp32, {torch.get_num_threads()} threads)", highlight=False)
@@ -296,8 +331,9 @@ def _run_models(cfg: EngineBenchConfig, console) -> dict:
 
 
 def _print_table(console, cfg, name: str, params_count: int, workloads: dict) -> None:
+    batch = f"batch {cfg.batch_size}" if cfg.batch_sizes is None else "batch size after @"
     table = Table(title=f"{cfg.engine} engine vs HF generate — {name} ({params_count:,} params), "
-                        f"{cfg.num_prompts} requests, batch {cfg.batch_size}, median of {cfg.repeats}")
+                        f"{cfg.num_prompts} requests, {batch}, median of {cfg.repeats}")
     for col in ("workload", "rollwise tok/s", "hf tok/s", "ratio", "paired", "flop util", "rows: rollwise / hf"):
         table.add_column(col, justify="left" if col == "workload" else "right")
     for w, r in workloads.items():

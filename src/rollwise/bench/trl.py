@@ -46,7 +46,7 @@ into the cache; TRL gets that converted HF directory); TRL's dataset holds the p
 messages, so it applies the same chat template (checked: its prompt ids must equal rollwise's),
 and both arms call one importable reward function (TRL hands it conversational completions,
 ``[{"role": "assistant", "content": ...}]``). These workloads change some defaults
-(``CHAT_DEFAULTS``: one seed, 10 steps, 8 prompts x 8, micro-batches of 16, lr 1e-6, 128 new
+(``CHAT_DEFAULTS``: one seed, 10 steps, 8 prompts x 8, micro-batches of 16, lr 1e-5, 64 new
 tokens); a ``--set`` wins over them. Per step each arm also reports its share of zero-signal
 groups (rollwise ``groups/zero_signal``, TRL ``frac_reward_zero_std``): rollwise skips their rows
 in the update and TRL does not, so the ratio is read beside it.
@@ -151,12 +151,12 @@ def settings_mapping(cfg: TRLBenchConfig) -> list[tuple[str, str, str]]:
 
 
 def max_new_tokens(cfg: TRLBenchConfig) -> int:
-    return cfg.max_new_tokens or {"short": 96, "long": 384}.get(cfg.workload, 128)
+    return cfg.max_new_tokens or {"short": 96, "long": 384}.get(cfg.workload, 64)
 
 
 # the chat workloads' defaults (a 135M model on a CPU: one seed, short runs); --set overrides win
 CHAT_DEFAULTS = {"seeds": [0], "steps": 10, "eval_every": 5, "eval_size": 50, "prompts_per_step": 8,
-                 "num_generations": 8, "micro_batch_size": 16, "lr": 1e-6}
+                 "num_generations": 8, "micro_batch_size": 16, "lr": 1e-5}  # lr: recipes/smollm2.yaml's
 
 
 def load_trl_config(overrides: list[str]) -> TRLBenchConfig:

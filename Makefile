@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all clean
+.PHONY: install demo test test-all smollm2-seeds clean
 
 $(STAMP): pyproject.toml
 	# the code sandbox needs bubblewrap (apt); skipped when already installed
@@ -31,6 +31,14 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m ''
+
+# recipes/smollm2.yaml over seeds 0-2, side by side (one torch thread each), then the README's table
+# (docs/data/smollm2.json): SmolLM2-135M-Instruct, 20 minutes of RL per seed
+smollm2-seeds: $(STAMP)
+	mkdir -p runs
+	for s in 0 1 2; do $(BIN)/rollwise train recipes/smollm2.yaml --set seed=$$s --set name=smollm2-s$$s \
+		--set model.threads=1 > runs/smollm2-s$$s.log 2>&1 & done; wait
+	$(BIN)/python scripts/seeds_table.py runs/smollm2-s0 runs/smollm2-s1 runs/smollm2-s2 --json docs/data/smollm2.json
 
 clean:
 	rm -rf $(VENV) runs/demo

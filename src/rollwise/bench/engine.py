@@ -25,7 +25,7 @@ How the workloads are built, and why:
   and ``fork``s it before the first step (the prompt is prefilled once); HF samples that
   many independent copies of the prompt.
 - ``chat`` (the real model, issue 21): ``num_prompts`` reasoning-gym ``chain_sum`` prompts as chat
-  messages through the model's chat template (``bench/chat.py``; ~50-90 tokens on SmolLM2), lengths
+  messages through the model's chat template (``bench/chat.py``; ~140 tokens on SmolLM2), lengths
   drawn uniformly from ``[chat_min_new_tokens, chat_max_new_tokens]`` (64-256). Its model is
   ``smollm2`` in ``models``: ``model_path`` (by default SmolLM2-135M-Instruct from the wheel's GGUF)
   through rollwise's loader, the same object for both sides. ``models=[smollm2]`` defaults to

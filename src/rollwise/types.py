@@ -7,6 +7,8 @@ from groups at the last moment, in ``rollwise.optim.batch``.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -22,6 +24,28 @@ def is_correct(score: float) -> bool:
     (True, False)
     """
     return score > CORRECT_ABOVE
+
+
+ZERO_STD = 1e-6  # relative: a group whose reward std is at most ZERO_STD·max(1, |mean|) has no spread
+
+
+def is_zero_signal(rewards: Sequence[float]) -> bool:
+    """The one definition of "no signal": a group's rewards do not spread — fewer than two, or a
+    Bessel-corrected std (float64) at most ``ZERO_STD`` relative to their magnitude, i.e. equal up
+    to rounding. Dynamic sampling drops such groups, every advantage estimator gives them exactly 0
+    (so the update skips their rows and replay does not store them), ``groups/zero_signal`` counts
+    them. Relative, so rounding noise on rewards of any magnitude counts as no spread.
+
+    >>> is_zero_signal([0.0, 1.0, 0.0]), is_zero_signal([0.3, 0.3 + 1e-9]), is_zero_signal([10.0, 10.0 + 1e-5])
+    (False, True, True)
+    """
+    n = len(rewards)
+    if n < 2:
+        return True
+    values = [float(r) for r in rewards]
+    mean = math.fsum(values) / n
+    std = math.sqrt(math.fsum((r - mean) ** 2 for r in values) / (n - 1))
+    return std <= ZERO_STD * max(1.0, abs(mean))
 
 
 @dataclass

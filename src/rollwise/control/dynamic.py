@@ -8,8 +8,11 @@ have run. The refill cost is logged: ``control/refill_rounds``, ``control/refill
 (tokens the engine sampled for refills), ``control/dropped_groups``, ``control/cap_hit``.
 
 Departures from the paper:
-- Informative means population std(rewards) > ``tolerance`` (1e-6), not "not all equal":
-  rewards that differ by rounding count as equal.
+- Informative means "not zero signal" in the one sense every stage uses
+  (``rollwise.types.is_zero_signal``: Bessel std above 1e-6 relative to the rewards' magnitude),
+  not "not all equal": rewards that differ by rounding count as equal, and a group kept here is
+  exactly a group the optimizer gives a non-zero advantage (an absolute tolerance of its own
+  once kept groups the update then trained nothing on, e.g. rewards [10, 10 + 1e-5]).
 - Refilling is capped (3 rounds by default; DAPO samples until the batch is full). When the
   cap is hit the step trains on the informative groups it has (fewer than the batch size).
 - Each refill round asks for exactly the missing number of prompts (DAPO over-samples a
@@ -19,30 +22,24 @@ Departures from the paper:
 
 from __future__ import annotations
 
-import math
-
 from pydantic import Field
 
 from rollwise.config import StrictModel
 from rollwise.control.base import Controller
-from rollwise.types import RolloutGroup
+from rollwise.types import RolloutGroup, is_zero_signal
 
 
 class DynamicSamplingConfig(StrictModel):
-    tolerance: float = Field(1e-6, ge=0, description="a group is informative if the std of its rewards exceeds this")
     max_rounds: int = Field(3, ge=0, le=8, description="refill rounds per step at most (the cap)")
 
 
-def informative(rewards: list[float], tolerance: float = 1e-6) -> bool:
-    """Whether a group's rewards spread by more than ``tolerance`` (population std).
+def informative(rewards: list[float]) -> bool:
+    """Whether a group's rewards carry a signal (``not is_zero_signal``).
 
     >>> informative([0.0, 1.0, 0.0]), informative([1.0, 1.0, 1.0]), informative([0.3, 0.3 + 1e-9])
     (True, False, False)
     """
-    if len(rewards) < 2:
-        return False
-    mean = sum(rewards) / len(rewards)
-    return math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) > tolerance
+    return not is_zero_signal(rewards)
 
 
 class DynamicSampling(Controller):
@@ -55,4 +52,4 @@ class DynamicSampling(Controller):
         self.max_rounds = cfg.max_rounds
 
     def accept(self, group: RolloutGroup) -> bool:
-        return informative(group.rewards, self.cfg.tolerance)
+        return informative(group.rewards)

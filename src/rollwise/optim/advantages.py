@@ -42,11 +42,10 @@ from typing import Literal
 
 import torch
 
-from rollwise.types import is_correct
+from rollwise.types import ZERO_STD, is_correct, is_zero_signal  # noqa: F401 (re-exported)
 
 ScaleRewards = Literal["group", "batch", "none"]
 EPS = 1e-6
-ZERO_STD = 1e-6  # relative: a group with std <= ZERO_STD * max(1, |mean|) has no reward spread
 
 
 def _out_dtype(rewards: torch.Tensor) -> torch.dtype:
@@ -66,19 +65,16 @@ def group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.T
 
 
 def no_spread(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """[N] bool: the sample's group has no reward spread (all equal up to rounding; a group of one).
+    """[N] bool: the sample's group has no reward spread — ``rollwise.types.is_zero_signal`` of
+    its group's rewards (the one definition dynamic sampling and replay use too).
 
     >>> no_spread(torch.tensor([3.0034791813909303] * 3 + [1., 0]), torch.tensor([0, 0, 0, 1, 1]))
     tensor([ True,  True,  True, False, False])
     """
-    mean, std = group_stats(rewards, group_ids)
-    return std <= ZERO_STD * mean.abs().clamp(min=1.0)
-
-
-def is_zero_signal(rewards: list[float]) -> bool:
-    """One group's rewards carry no group-relative signal (``no_spread`` for a plain list)."""
-    return bool(no_spread(torch.tensor(rewards, dtype=torch.float64), torch.zeros(len(rewards), dtype=torch.long)).all()) \
-        if rewards else True
+    out = torch.zeros(len(rewards), dtype=torch.bool, device=rewards.device)
+    for ix in _groups(group_ids):
+        out[ix.to(rewards.device)] = is_zero_signal(rewards[ix.to(rewards.device)].double().tolist())
+    return out
 
 
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale_rewards: ScaleRewards = "group"):
@@ -202,7 +198,7 @@ def median_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[t
         med = r.median()  # the lower middle value: always one of the samples
         out[ix] = (r - med).to(out.dtype)
         pivot[ix[int((r == med).nonzero()[0])]] = True
-    return out, pivot
+    return out.masked_fill(no_spread(rewards, group_ids), 0.0), pivot  # rounding-level spread is no signal
 
 
 def drpo_advantages(correct: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:

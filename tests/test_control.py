@@ -22,7 +22,7 @@ from rollwise.control.gdro import Gdro, GdroConfig, bin_distribution, difficulty
 from rollwise.control.rounds import accept_and_refill, extend_rounds, merge_group
 from rollwise.control.stats import PromptRecord
 from rollwise.control.vade import Vade, VadeConfig
-from rollwise.control.xrpo import XrpoAlloc, XrpoConfig, xrpo_allocation, xrpo_priority
+from rollwise.control.xrpo import XrpoAlloc, XrpoConfig, sample_std, t_quantile, xrpo_allocation, xrpo_priority
 from rollwise.optim.advantages import group_advantages
 from rollwise.types import Prompt, Rollout, RolloutGroup, Tree
 
@@ -118,33 +118,69 @@ def test_a_controller_that_rejects_everything_stops_at_the_cap():
 
 
 # -- xrpo_alloc ----------------------------------------------------------------------------------
+S_HALF = math.sqrt(4 / 3 * 0.25)  # sample std of 2 correct of 4
+
+
 def test_xrpo_priority_by_hand():
-    assert xrpo_priority(4, 2) == pytest.approx(0.0125)  # p~ = 3/6: .25 / 20
-    assert xrpo_priority(4, 4) == pytest.approx((5 / 6) * (1 / 6) / 20)
-    assert round(xrpo_priority(4, 4), 4) == 0.0069 and xrpo_priority(4, 2) > xrpo_priority(4, 4)
+    assert t_quantile(0.975, 3) == pytest.approx(3.1824, abs=1e-4)  # the t table
+    assert t_quantile(0.975, 4) == pytest.approx(2.7764, abs=1e-4)
+    assert t_quantile(0.975, 1) == pytest.approx(12.7062, abs=1e-4)
+    assert sample_std([1, 1, 0, 0]) == pytest.approx(S_HALF)
+    # h(4) - h(5) = s (3.1824 / 2 - 2.7764 / sqrt 5): the t interval's half-width shrinks by .2018
+    assert xrpo_priority(4, S_HALF) == pytest.approx(S_HALF * (3.18245 / 2 - 2.77645 / math.sqrt(5)), abs=1e-4)
+    assert xrpo_priority(4, S_HALF) == pytest.approx(0.2018, abs=1e-4)
+    assert xrpo_priority(4, 0.0) == 0.0 and xrpo_priority(4, 0.0, bonus=0.1) == pytest.approx(0.05)  # bonus / sqrt n
 
 
-def test_xrpo_gives_the_first_chunk_to_the_uncertain_prompt():
-    assert xrpo_allocation([4, 4], [4, 2], budget=4, chunk=4, cap=32) == [0, 4]
-    # 8 more: after a chunk the mixed prompt (n=8) scores .25/72 = .0035 < .0069: the next chunk goes elsewhere
-    assert xrpo_allocation([4, 4], [4, 2], budget=8, chunk=4, cap=32) == [4, 4]
+def test_xrpo_gives_the_chunks_to_the_uncertain_prompt():
+    assert xrpo_allocation([4, 4], [0.0, S_HALF], budget=4, chunk=4, cap=32) == [0, 4]
+    # a chunk later the mixed prompt still beats an all-correct one: h(8) - h(9) = .039 > 0
+    assert xrpo_allocation([4, 4], [0.0, S_HALF], budget=8, chunk=4, cap=32) == [0, 8]
+    # prompts whose rewards all agree share the budget evenly (fewest rollouts first)
+    assert xrpo_allocation([4] * 4, [0.0] * 4, budget=8, chunk=4, cap=32) == [4, 4, 0, 0]
 
 
-def test_xrpo_is_uniform_at_twice_n0_and_targets_mixed_prompts_beyond():
-    """A finding of bench control: with the step's budget at G = 2·n0 per prompt, every prompt gets
-    exactly one chunk (a chunk cuts a prompt's priority below any n = 4 prompt's): the baseline's
-    allocation. With G = 4·n0 the mixed prompts (s = 2, 1 of 4) get twice the others'."""
-    assert xrpo_allocation([4] * 4, [0, 2, 4, 1], budget=16, chunk=4, cap=32) == [4, 4, 4, 4]
-    assert xrpo_allocation([4] * 4, [0, 2, 4, 1], budget=48, chunk=4, cap=64) == [8, 16, 8, 16]
+def test_xrpo_concentrates_on_uncertain_prompts_at_the_defaults():
+    """The bug of issue 22: at G = 8, n0 = 4, chunks of 4, the old priority p~(1-p~)/(n(n+1)) gave
+    every prompt exactly G. Now the step's second half goes to the prompts whose 4 rollouts
+    disagree, the budget is spent exactly, and the allocation differs from control.method=none."""
+    g, rewards = 8, [[1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
+    c = XrpoAlloc(XrpoConfig(), num_generations=g)
+    c.step = 50
+    prompts = [Prompt(f"p{i}", "x") for i in range(len(rewards))]
+    first = c.allocate(prompts, PromptStats(), len(prompts) * g)
+    assert first == [4] * 6 and c.metrics()["control/xrpo_free_share"] == 0.5
+    groups = [group(p.id, r) for p, r in zip(prompts, rewards)]
+    extra = c.extend(groups, PromptStats(), len(prompts) * g - sum(first))
+    totals = [a + b for a, b in zip(first, extra)]
+    assert sum(totals) == len(prompts) * g
+    assert min(totals[0], totals[3]) > max(totals[1], totals[2], totals[4], totals[5])  # uncertain get more
+    assert totals == [16, 4, 4, 16, 4, 4]
+    none = build_controller(ControlConfig(), type("R", (), {"num_generations": g, "strategy": "group"})(), seed=0)
+    assert totals != none.allocate(prompts, PromptStats(), len(prompts) * g)
+    assert c.metrics()["control/rollouts_max"] == 16 and c.metrics()["control/rollouts_min"] == 4
+
+
+def test_xrpo_warns_when_the_budget_leaves_no_second_phase(caplog):
+    c = XrpoAlloc(XrpoConfig(initial=4), num_generations=4)
+    prompts = [Prompt(f"p{i}", "x") for i in range(3)]
+    with caplog.at_level("WARNING", logger="rollwise.control.xrpo"):
+        assert c.allocate(prompts, PromptStats(), 12) == [4, 4, 4]
+        c.allocate(prompts, PromptStats(), 12)
+    assert c.metrics()["control/xrpo_free_share"] == 0.0
+    assert len([r for r in caplog.records if "no second phase" in r.message]) == 1  # once, not every step
+    roomy = XrpoAlloc(XrpoConfig(initial=4), num_generations=8)
+    roomy.allocate(prompts, PromptStats(), 24)
+    assert roomy.metrics()["control/xrpo_free_share"] == 0.5
 
 
 @given(st.lists(st.tuples(st.integers(1, 12), st.integers(0, 12)), min_size=1, max_size=12),
        st.integers(0, 200), st.integers(1, 6), st.integers(1, 8))
 def test_xrpo_allocation_spends_the_budget_exactly(groups, budget, chunk, g):
     counts = [n for n, _ in groups]
-    successes = [min(s, n) for n, s in groups]
+    stds = [min(s, n) / 24 for n, s in groups]
     cap = 4 * g + max(counts)
-    extra = xrpo_allocation(counts, successes, budget, chunk, cap)
+    extra = xrpo_allocation(counts, stds, budget, chunk, cap, bonus=0.01)
     room = sum(cap - n for n in counts)
     assert sum(extra) == min(budget, room) and all(e >= 0 for e in extra)
     assert all(n + e <= cap for n, e in zip(counts, extra))

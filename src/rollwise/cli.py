@@ -159,15 +159,17 @@ def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives
     from rollwise.filter.registry import builtin_rewards
     from rollwise.generate import STRATEGIES
     from rollwise.replay import REPLAY_METHODS
-    from rollwise.optim.objective import PRESETS, ObjectiveConfig
+    from rollwise.optim.objective import PRESETS
     from rollwise.tasks.registry import TASKS
+    from rollwise.train.config import PRESET_SECTIONS
 
     tables = {
         "tasks": {name: (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "" for name, cls in TASKS.items()},
         "rewards": {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in builtin_rewards().items()},
-        "objectives": {name: ", ".join(f"{k}={v}" for k, v in preset.items())
-                       + ("  (off-policy: yes)" if ObjectiveConfig(method=name).corrects_off_policy
-                          else "  (off-policy: no, tis_mode=none)") for name, preset in PRESETS.items()},
+        "objectives": {name: ", ".join([f"{k}={v}" for k, v in preset.items()]
+                                       + [f"{section}.{k}={v}" for section, fill in PRESET_SECTIONS.get(name, {}).items()
+                                          for k, v in fill.items()])
+                       + f"  ({_off_policy_note(name)})" for name, preset in PRESETS.items()},
         "strategies": STRATEGIES,
         "controllers": CONTROLLERS,
         "replay": REPLAY_METHODS,
@@ -180,6 +182,20 @@ def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives
             console.print(f"[bold]{name}[/]")
             for key, doc in rows.items():
                 console.print(f"  {key:<18} {doc}", highlight=False, soft_wrap=True)
+
+
+def _off_policy_note(method: str) -> str:
+    """Whether objective preset ``method`` weights stale tokens (async, replay, APRIL) by an importance
+    weight on the behaviour/proximal gap: on its own, or through the run config's default for such runs."""
+    from rollwise.train.config import RunConfig
+
+    sync = RunConfig.model_validate({"objective": {"method": method}}).objective
+    stale = RunConfig.model_validate({"objective": {"method": method}, "train": {"mode": "async"}}).objective
+    if sync.corrects_off_policy:
+        return f"off-policy: yes, tis_mode={sync.tis_mode}"
+    if stale.corrects_off_policy:
+        return f"off-policy: yes, tis_mode={stale.tis_mode} in async/replay/april runs; {sync.tis_mode} in sync"
+    return f"off-policy: no, tis_mode={stale.tis_mode} does not weight stale tokens"
 
 
 def _report(results: dict, json_path: Path | None) -> None:

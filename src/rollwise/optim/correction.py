@@ -13,7 +13,12 @@ Training", Yao et al., 2025, truncated IS; masked IS as in TRL's
 - ``sequence_mask``: 1 if C_min ≤ Π w ≤ C else 0 (the sequence is dropped from the loss)
 - ``none``: 1
 
-Defaults follow TRL: ``sequence_mask`` with C = 3; token modes default to C = 2.
+Defaults follow TRL: ``sequence_mask`` with C = 3; token modes default to C = 2. Only the
+first three are importance *weights* (``IS_WEIGHT_MODES``): ``sequence_mask`` is a 0/1 filter
+that leaves every kept sequence at weight 1, so it corrects kernel noise but not staleness.
+A run that trains on tokens sampled by older policies (async, replay, APRIL) therefore
+defaults to ``token_truncate`` with C = 2 — AReaL's decoupled PPO weight sg(min(π_prox/μ, 2))
+(``rollwise.train.config``).
 Departure: ``sequence_mask`` keeps weight 1 inside the band (TRL's mask mode) rather than Πw,
 so an on-policy sequence is weighted exactly as without correction.
 """
@@ -25,6 +30,7 @@ from typing import Literal
 import torch
 
 TISMode = Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+IS_WEIGHT_MODES = ("token_truncate", "token_mask", "sequence_truncate")  # weight by w, not a 0/1 mask
 
 
 def behavior_weights(

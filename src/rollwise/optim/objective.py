@@ -3,7 +3,9 @@ aggregation + KL term.
 
 Methods are presets of one general form, not branches of a switch: ``grpo`` is group
 scaling + symmetric clip + ``seq_mean_token_mean``; ``dr_grpo`` drops the std scaling and
-the 1/|y| term; ``dapo`` is clip-higher + ``token_mean`` + overlong shaping; ``gspo`` the
+the 1/|y| term; ``dapo_clip_higher`` is clip-higher + ``token_mean`` + overlong shaping, and
+``dapo`` the whole method — that plus truncated-completion masking here and dynamic sampling,
+which the run config turns on in ``control`` (``rollwise.train.config``); ``gspo`` the
 sequence-level ratio with the paper's tiny clip; ``cispo`` and ``sapo`` swap the clip for a
 clipped IS weight or a soft gate; ``rloo``, ``reinforce_pp_baseline``, ``mc_grpo``, ``drpo``
 swap the advantage estimator; ``ace`` and ``novelty_sharpen`` shape advantages; ``minpro``
@@ -15,7 +17,9 @@ what ``config.yaml`` records. Names follow TRL's ``GRPOConfig`` where it has one
 
 Two parts compose with every preset: the advantage estimator switches to ``tree_adv`` for
 groups that carry a tree (``rollout.strategy=tree|latr``; ``tree_adv=false`` keeps flat
-group advantages), and ``tis_mode`` corrects the behaviour/trainer mismatch (``tis_mis``).
+group advantages), and ``tis_mode`` corrects the behaviour/trainer mismatch (``tis_mis``);
+where a run trains on stale tokens (async, replay, APRIL) and neither the recipe nor the preset
+sets ``tis_mode``, the run config makes it ``token_truncate`` (decoupled PPO).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from rollwise.optim.advantages import (
     rloo_advantages,
     tree_node_advantages,
 )
-from rollwise.optim.correction import TISMode, behavior_weights
+from rollwise.optim.correction import IS_WEIGHT_MODES, TISMode, behavior_weights
 from rollwise.optim.losses import (
     ISLevel,
     KLEstimator,
@@ -57,7 +61,11 @@ PRESETS: dict[str, dict] = {
     "grpo": {"scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
     "dr_grpo": {"scale_rewards": "none", "loss_agg": "seq_mean_token_sum_norm"},
     "ppo_clip": {"scale_rewards": "group", "loss_agg": "token_mean", "dual_clip": 3.0},
-    "dapo": {"scale_rewards": "group", "loss_agg": "token_mean", "epsilon_high": 0.28, "overlong_shaping": True},
+    # DAPO's loss side; ``dapo`` adds truncated-completion masking here and dynamic sampling in control
+    "dapo_clip_higher": {"scale_rewards": "group", "loss_agg": "token_mean", "epsilon_high": 0.28,
+                         "overlong_shaping": True},
+    "dapo": {"scale_rewards": "group", "loss_agg": "token_mean", "epsilon_high": 0.28, "overlong_shaping": True,
+             "mask_truncated_completions": True},
     "gspo": {"scale_rewards": "group", "loss_agg": "seq_mean_token_mean", "importance_sampling_level": "sequence",
              "epsilon": 3e-4, "epsilon_high": 4e-4},
     "rloo": {"advantage": "rloo", "scale_rewards": "none", "loss_agg": "seq_mean_token_mean"},
@@ -73,8 +81,7 @@ PRESETS: dict[str, dict] = {
     # AReaL's decoupled PPO: clip r = π_θ/π_prox, weight by sg(min(π_prox/μ, 2)) per token (train.mode=async)
     "decoupled_ppo": {"scale_rewards": "group", "loss_agg": "token_mean", "tis_mode": "token_truncate", "tis_cap": 2.0},
 }
-PRESETS["dapo_clip_higher"] = PRESETS["dapo"]  # the catalogue's ids for the same presets
-PRESETS["sapo_gate"] = PRESETS["sapo"]
+PRESETS["sapo_gate"] = PRESETS["sapo"]  # the catalogue's id for the same preset
 Advantage = Literal["group", "rloo", "reinforce_pp", "median", "drpo"]
 
 
@@ -127,9 +134,10 @@ class ObjectiveConfig(StrictModel):
     @property
     def corrects_off_policy(self) -> bool:
         """Valid on data sampled by an older policy (async, replay): the ratio is taken against the
-        proximal policy (the weights before this update) and ``tis_mode`` weights the
-        behaviour/proximal gap (the decoupled PPO objective of AReaL)."""
-        return self.tis_mode != "none"
+        proximal policy (the weights before this update) and ``tis_mode`` *weights* the
+        behaviour/proximal gap (the decoupled PPO objective of AReaL). ``sequence_mask`` does not:
+        it keeps a stale sequence at weight 1 or drops it."""
+        return self.tis_mode in IS_WEIGHT_MODES
 
     @property
     def needs_reference(self) -> bool:

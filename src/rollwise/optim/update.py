@@ -60,7 +60,9 @@ def _logprobs_no_grad(model, batch: TrainBatch, size: int, sampling: dict, budge
 
 
 def rows_with_signal(batch: TrainBatch) -> torch.Tensor:
-    """[B] bool: the row has a trained token with a non-zero advantage."""
+    """[B] bool: the row has a trained token with a non-zero advantage. Exact zero, so skipping the
+    other rows changes nothing; a group with no signal (``rollwise.types.is_zero_signal``, the one
+    definition dynamic sampling uses too) gets advantage exactly 0 from every estimator."""
     return ((batch.advantages != 0) & (batch.loss_weights > 0)).any(-1)
 
 

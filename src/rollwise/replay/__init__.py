@@ -22,7 +22,7 @@ from rollwise.replay.rollout_replay import RolloutReplayConfig
 from rollwise.replay.rorecomp import RorecompConfig
 
 __all__ = ["REPLAY_METHODS", "Replay", "ReplayBuffer", "ReplayConfig", "build_replay", "check_composition",
-           "remix_objective"]
+           "remix_objective", "replay_serves_stored_groups"]
 
 REPLAY_METHODS = {
     "none": "on-policy: every step trains exactly its fresh groups",
@@ -49,8 +49,22 @@ def remix_objective(cfg: ReplayConfig) -> dict:
     return {"beta": half, "prox_kl_coef": half}
 
 
-def check_composition(cfg: ReplayConfig, rollout) -> None:
-    """Refuse combinations that make no sense, naming the fields and the fix."""
+def replay_serves_stored_groups(cfg: ReplayConfig) -> bool:
+    """The method trains groups sampled by older policies: ``rollout_replay`` and ``remix`` with
+    ``share > 0``, ``rorecomp`` (its compensation batches)."""
+    if cfg.method in ("rollout_replay", "remix"):
+        return getattr(cfg, cfg.method).share > 0
+    return cfg.method == "rorecomp"
+
+
+def check_composition(cfg: ReplayConfig, rollout, objective=None) -> None:
+    """Refuse combinations that make no sense, naming the fields and the fix (``objective``: the
+    run's ``ObjectiveConfig``, whose ``tis_mode`` must weight replayed groups)."""
+    if objective is not None and objective.tis_mode == "none" and replay_serves_stored_groups(cfg):
+        raise ConfigError(f"replay.method={cfg.method} trains groups sampled by older policies, but "
+                          "objective.tis_mode=none weights them as if they were fresh; drop objective.tis_mode "
+                          "(with replay it defaults to token_truncate, cap 2: the decoupled PPO weight) or set it "
+                          "to token_truncate, token_mask or sequence_truncate")
     if cfg.method == "rorecomp" and rollout.strategy in ("tree", "latr"):
         raise ConfigError(f"replay.method=rorecomp with rollout.strategy={rollout.strategy}: rorecomp splits each "
                           "group's responses, and a tree trains a shared prefix once in one leaf; set "

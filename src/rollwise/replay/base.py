@@ -13,7 +13,10 @@ The loop calls a replay method at fixed points of a step:
   its oldest token's version (``buffer.birth_version``);
 - ``updates(step) -> int``: optimizer passes over the step's batch (ReMix's UTD);
 - ``reincarnate(step) -> bool``: True exactly once, at ReMix's reincarnation, when the loop
-  resets the reference model to the current policy.
+  resets the reference model to the current policy;
+- ``progress(step, fraction)``: before step ``step``, how far the run is towards whichever limit
+  stops it (``train.steps``, ``max_generated_tokens``, ``max_minutes``: the largest used/limit),
+  so a method can act at a fraction of the run however it is bounded (ReMix's reincarnation).
 
 ``replay.method: none`` (this class) is on-policy training: ``compose`` returns ``fresh``
 itself, one update per step, nothing kept.
@@ -54,6 +57,9 @@ class Replay:
 
     def reincarnate(self, step: int) -> bool:
         return False
+
+    def progress(self, step: int, fraction: float) -> None:
+        """Before step ``step`` the run has used ``fraction`` (0..1) of its budget."""
 
     def state_dict(self) -> dict:
         return {}

@@ -48,7 +48,8 @@ class RolloutReplayConfig(StrictModel):
 
 
 def has_signal(group: RolloutGroup) -> bool:
-    """Some trained token of the group has a non-zero advantage."""
+    """Some trained token of the group has a non-zero advantage (false for every group with no
+    signal, ``rollwise.types.is_zero_signal``: the estimators give those exactly 0)."""
     for r in group.rollouts:
         weights = r.loss_weights or [1] * len(r.advantage or [])
         if any(a != 0 and w for a, w in zip(r.advantage or [], weights)):

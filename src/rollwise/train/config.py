@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from rollwise.config import StrictModel, apply_overrides, load_yaml, validate
 from rollwise.control import ControlConfig
-from rollwise.replay import ReplayConfig, remix_objective
+from rollwise.replay import ReplayConfig, remix_objective, replay_serves_stored_groups
 from rollwise.filter.sandbox.config import SandboxConfig
 from rollwise.generate import STRATEGIES
 from rollwise.generate.april import AprilConfig
 from rollwise.generate.latr import LatrConfig
 from rollwise.generate.tree import TreeConfig
 from rollwise.model.load import ModelConfig
-from rollwise.optim.objective import ObjectiveConfig
+from rollwise.optim.objective import PRESETS, ObjectiveConfig
 from rollwise.tasks.arith import ArithConfig
 from rollwise.tasks.registry import TaskConfig
 from rollwise.train.metrics import check_loggers
@@ -152,6 +152,32 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _preset_sections(cls, data):
+        # an objective preset that is a whole method fills other sections too (dapo: control.method=
+        # dynamic_sampling); what the recipe sets wins
+        if isinstance(data, dict) and isinstance(data.get("objective"), dict):
+            for section, fill in PRESET_SECTIONS.get(data["objective"].get("method"), {}).items():
+                current = data.get(section)
+                if current is None or isinstance(current, dict):
+                    data = {**data, section: {**fill, **{k: v for k, v in (current or {}).items() if v is not None}}}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _off_policy_correction(cls, data):
+        # tokens sampled by older policies (async k >= 1, replay, APRIL) get a truncated IS weight on the
+        # behaviour/proximal gap unless the recipe or its objective preset chose objective.tis_mode
+        if not isinstance(data, dict) or off_policy_source(data) is None:
+            return data
+        objective = data.get("objective") or {}
+        if not isinstance(objective, dict) or objective.get("tis_mode") is not None:
+            return data
+        if "tis_mode" in PRESETS.get(objective.get("method", "grpo"), {}):
+            return data
+        return {**data, "objective": {**objective, **OFF_POLICY_OBJECTIVE}}
+
+    @model_validator(mode="before")
+    @classmethod
     def _remix_objective(cls, data):
         # replay.method=remix brings its KL-convex constraint: objective.beta and prox_kl_coef = β/2 unless set
         if isinstance(data, dict) and isinstance(data.get("replay"), dict) and data["replay"].get("method") == "remix":
@@ -159,6 +185,35 @@ class RunConfig(StrictModel):
             objective = dict(data.get("objective") or {})
             data = {**data, "objective": {**fill, **{k: v for k, v in objective.items() if v is not None}}}
         return data
+
+
+# objective presets that are a whole method: the other sections they fill (unless the recipe sets them)
+PRESET_SECTIONS: dict[str, dict[str, dict]] = {"dapo": {"control": {"method": "dynamic_sampling"}}}
+# the off-policy correction a run with stale tokens gets when it sets no objective.tis_mode: AReaL's
+# decoupled PPO weight sg(min(pi_prox/mu, 2)) per token (the cap follows from the token mode)
+OFF_POLICY_OBJECTIVE = {"tis_mode": "token_truncate"}
+
+
+def off_policy_source(data: dict) -> str | None:
+    """What makes a run train on tokens sampled by older policies (the first of async with
+    ``max_staleness >= 1``, a replay method that serves stored groups, APRIL's carried rollouts),
+    named as config settings, or None. ``data`` holds the raw ``train``/``replay``/``rollout``
+    sections (dicts or config objects; a malformed one counts as absent: validation reports it)."""
+    sections = {}
+    for name, model in (("train", TrainConfig), ("replay", ReplayConfig), ("rollout", RolloutConfig)):
+        raw = data.get(name)
+        try:
+            sections[name] = raw if isinstance(raw, model) else model.model_validate(raw if isinstance(raw, dict) else {})
+        except ValidationError:
+            sections[name] = model()
+    train, replay, rollout = sections["train"], sections["replay"], sections["rollout"]
+    if train.mode == "async" and train.max_staleness >= 1:
+        return f"train.mode=async with max_staleness={train.max_staleness}"
+    if replay_serves_stored_groups(replay):
+        return f"replay.method={replay.method}"
+    if rollout.strategy == "april":
+        return "rollout.strategy=april"
+    return None
 
 
 def load_run_config(path: str | None, overrides: list[str] = ()) -> RunConfig:

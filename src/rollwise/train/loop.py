@@ -109,6 +109,13 @@ class Until:
             return f"max_generated_tokens={self.generated_tokens:,}"
         return None
 
+    def progress(self, state: "TrainState") -> float:
+        """How far ``state`` is towards stopping: the largest used/limit over the limits set (0 if none)."""
+        used = [state.step / self.steps if self.steps else 0.0,
+                state.wall_seconds / (60 * self.minutes) if self.minutes else 0.0,
+                state.generated_tokens / self.generated_tokens if self.generated_tokens else 0.0]
+        return max(used)
+
 
 def packed_forward(choice: str, model) -> bool:
     """Whether the update runs the packed forward (``optim.forward``)."""
@@ -131,7 +138,7 @@ def async_threads(cfg: RunConfig) -> int:
         raise ConfigError(f"train.generation_threads={gen} and train.update_threads={upd} differ: in one process "
                           "torch's intra-op thread count is process-wide, so both sides run with one count; set them "
                           "equal (on N cores, N/2 each)")
-    if t.max_staleness > 0 and not cfg.objective.corrects_off_policy:
+    if t.max_staleness > 0 and cfg.objective.tis_mode == "none":
         raise ConfigError(f"train.mode=async with max_staleness={t.max_staleness} trains on tokens sampled by older "
                           "policies, but objective.tis_mode=none does not correct for it; set objective.tis_mode "
                           "(e.g. token_truncate: objective.method=decoupled_ppo) or train.max_staleness=0")
@@ -180,9 +187,10 @@ class Trainer:
         self.sampling = sampling_params(r, self.tokenizer)
         self.stats = PromptStats()  # per-prompt running statistics the controller reads
         self.set_controller(build_controller(cfg.control, r, cfg.seed, embed=self.embed_prompts))
-        check_replay(cfg.replay, r)
-        self.replay = build_replay(cfg.replay, seed=cfg.seed, prompts_per_step=r.prompts_per_step,
-                                   total_steps=cfg.train.steps)
+        check_replay(cfg.replay, r, cfg.objective)
+        # no fixed step count: step() reports the run's progress towards whichever limit stops it
+        self.replay = build_replay(cfg.replay, seed=cfg.seed, prompts_per_step=r.prompts_per_step, total_steps=0)
+        self.until = Until.from_config(cfg.train)  # the limits fit() runs to (fit(until=...) replaces them)
         self.eval_prompts = [self.tokenize(p) for p in self.task.eval[: cfg.train.eval_size]]
         self.pool = None  # rollout.workers > 0: Ray rollout workers (dist/) generate in place of the engine
         if r.workers:
@@ -278,6 +286,7 @@ class Trainer:
         """One step. Sync: collect this step's groups with the current policy, then train on them.
         Async: train on the batch the producer made ahead (starting it on the first call), then
         publish the new weights to it."""
+        self.replay.progress(self.state.step, self.until.progress(self.state))  # ReMix's reincarnation point
         if self.cfg.train.mode == "async":
             if self.pipeline is None:
                 self.pipeline = Pipeline(self, self.cfg.train.max_staleness, self.queued)
@@ -505,6 +514,7 @@ class Trainer:
         caller show progress; the loop itself never prints.
         """
         tc, until = self.cfg.train, until or Until.from_config(self.cfg.train)
+        self.until = until
         if self.log is None:
             raise RuntimeError("Trainer.fit: call prepare() first")
         if self.state.step == 0 and self.state.initial_accuracy is None:

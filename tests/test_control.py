@@ -18,7 +18,16 @@ from rollwise.control.base import ROUND_CAP, equal_split, proportional_split
 from rollwise.control.dars import Dars, DarsConfig, cumulative_advantage, dars_extra
 from rollwise.control.difficulty import estimate_difficulty
 from rollwise.control.dynamic import DynamicSampling, DynamicSamplingConfig, informative
-from rollwise.control.gdro import Gdro, GdroConfig, bin_distribution, difficulty_bin, pass_at_k, sqrt_allocation
+from rollwise.control.gdro import (
+    Gdro,
+    GdroConfig,
+    clipped_surrogate_loss,
+    difficulty_bin,
+    grpo_advantages,
+    loss_at_stake,
+    pass_at_k,
+    sqrt_allocation,
+)
 from rollwise.control.rounds import accept_and_refill, extend_rounds, merge_group
 from rollwise.control.stats import PromptRecord
 from rollwise.control.vade import Vade, VadeConfig
@@ -225,19 +234,92 @@ def test_proportional_split_conserves_the_budget(weights, budget, minimum):
     assert sum(n) == budget and all(x >= 0 for x in n)
 
 
-def test_prompt_gdro_upweights_the_bin_that_stays_hard():
+def test_gdro_loss_is_the_papers_clipped_surrogate_by_hand():
+    """The paper's prompt-level loss (eqs. 5-7): -mean_j min(rho A, clip(rho, .8, 1.2) A)."""
+    adv, ratios = [1.0, -1.0, 1.0, -1.0], [1.3, 0.7, 1.1, 0.9]
+    # -1.2 (clipped), +0.8 (clipped), -1.1, +0.9  ->  mean -0.15
+    assert clipped_surrogate_loss(adv, ratios) == pytest.approx(-0.15)
+    assert clipped_surrogate_loss(adv, [1.0] * 4) == 0.0  # at the sampling policy: 0 for every group
+    # one correct of four: A = (1.732, -.577 x 3); a clipped step removes eps * mean|A| = .2 * .866
+    rewards = [1, 0, 0, 0]
+    a = grpo_advantages(rewards)
+    assert a == pytest.approx([math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3)], rel=1e-5)
+    best = clipped_surrogate_loss(a, [1.2, 0.8, 0.8, 0.8])
+    assert best == pytest.approx(-0.2 * 0.866, abs=1e-3)
+    assert loss_at_stake(rewards) == pytest.approx((0.0 - best) / 0.2) == pytest.approx(2 * math.sqrt(0.1875), rel=1e-5)
+    assert loss_at_stake([0, 0, 0, 0]) == 0.0 == loss_at_stake([1, 1, 1, 1])  # never / always solved: nothing
+
+
+def prompt_gdro_after(steps):
+    """A Gdro that observed ``steps`` = [(bin record before the step, rewards), ...] per step."""
     c = Gdro(GdroConfig(), num_generations=4)
     stats = PromptStats()
-    hard, easy = group("h", [0, 0, 0, 1]), group("e", [1, 1, 1, 1])
-    for step in range(1, 4):
-        stats.records["h"] = PromptRecord(attempts=16, successes=1)  # before the step: pass@8 = .5, bin (0, .5]
-        stats.records["e"] = PromptRecord(attempts=16, successes=16)  # bin {1}
-        stats.observe(hard, step), stats.observe(easy, step)  # as the loop does, before observe_step
-        c.observe_step([hard, easy], stats)
-    q = bin_distribution(np.exp(c.log_weights), 0.1)
-    assert q[1] > q[3] and q[1] > q[0]  # L = .75 for h's bin, 0 for e's; empty bins keep their weight
-    assert q.min() >= 0.1 / 5 - 1e-12  # 10% uniform
-    assert c.hardness[1] == pytest.approx(0.75 * (1 - 0.9**3)) and c.updates[1] == 3
+    for step, obs in enumerate(steps):
+        groups = []
+        for i, (before, rewards) in enumerate(obs):
+            stats.records[f"q{i}"] = PromptRecord(attempts=before[0], successes=before[1])
+            g = group(f"q{i}", rewards)
+            stats.observe(g, step)
+            groups.append(g)
+        c.observe_step(groups, stats)
+    return c
+
+
+def test_prompt_gdro_update_by_hand():
+    """Eqs. 12-15: S_b a bias-corrected EMA (old weight .9) of the bin's mean loss, w_b = exp(2 S_b),
+    q = .9 w / sum w + .1 / 5."""
+    low, zero = (16, 1), (8, 0)  # pass@8 = .5: bin (0, .5]; pass@8 = 0: bin {0}
+    c = prompt_gdro_after([[(low, [1, 0, 1, 0]), (zero, [0, 0, 0, 0])]])
+    assert c.corrected_scores().tolist() == pytest.approx([0.0, 1.0, 0.0, 0.0, 0.0], abs=1e-5)  # eps of A
+    w = np.array([math.exp(-2)] * 5)
+    w[1] = 1.0
+    assert c.bin_probabilities() == pytest.approx(0.9 * w / w.sum() + 0.02, abs=1e-5)
+    assert c.bin_probabilities()[1] == pytest.approx(0.9 / (1 + 4 * math.exp(-2)) + 0.02, abs=1e-5)
+    c = prompt_gdro_after([[(low, [1, 0, 1, 0])], [(low, [1, 0, 0, 0])]])  # second loss .866
+    assert c.corrected_scores()[1] == pytest.approx((0.9 * 0.1 * 1.0 + 0.1 * 2 * math.sqrt(0.1875)) / (1 - 0.81), abs=1e-5)
+
+
+def test_prompt_gdro_weight_does_not_grow_with_how_often_a_bin_is_drawn():
+    """The bug of issue 22: log w_b += eta * L_b on every step a bin was drawn made a bin's weight grow
+    with its draws, and with L = 1 - mean reward it grew fastest for never-solved prompts. The
+    paper's weight is a function of the bin's recent mean loss: drawing it 50 times with the same
+    loss changes nothing, and a never-solved bin (loss 0) ends below a mixed one."""
+    low, zero = (16, 1), (8, 0)
+    once = prompt_gdro_after([[(low, [1, 0, 1, 0]), (zero, [0, 0, 0, 0])]])
+    often = prompt_gdro_after([[(low, [1, 0, 1, 0]), (zero, [0, 0, 0, 0])]] * 50)
+    assert often.bin_probabilities() == pytest.approx(once.bin_probabilities())
+    assert often.bin_probabilities()[0] < often.bin_probabilities()[1]
+
+
+def zero_signal_share(controller, steps=80, n=4, g=8):
+    """Share of all-equal groups among what ``controller`` picks from a pool of 40 prompts: 16 never
+    solved, 12 always solved, 12 solved half the time (deterministic draws)."""
+    truth = [0.0] * 16 + [1.0] * 12 + [0.5] * 12
+    rng = np.random.default_rng(1)
+    source, stats = PromptCursor(Stream(size=len(truth)), 0), PromptStats()
+    flat = total = 0
+    for step in range(steps):
+        controller.step = step
+        chosen = controller.select_prompts(source, stats, n)
+        groups = [group(p.id, rng.binomial(1, truth[int(p.id[1:])], size=g).astype(float).tolist()) for p in chosen]
+        for gr in groups:
+            stats.observe(gr, step)
+        controller.observe_step(groups, stats)
+        if step >= 20:
+            flat += sum(len(set(gr.rewards)) == 1 for gr in groups)
+            total += len(groups)
+    return flat / total
+
+
+def test_prompt_gdro_trains_fewer_zero_signal_groups_than_a_uniform_sampler():
+    """On a pool that is 70% never or always solved: the baseline (control.method=none, the stream in
+    order) and a uniform draw from gdro's own candidates (eta ~ 0) train ~70% zero-signal groups;
+    gdro at its defaults far fewer."""
+    gdro = zero_signal_share(Gdro(GdroConfig(mode="prompt"), num_generations=8))
+    uniform = zero_signal_share(Gdro(GdroConfig(mode="prompt", eta=1e-9), num_generations=8))
+    none = zero_signal_share(Controller(num_generations=8))
+    assert none == pytest.approx(0.7, abs=0.05) and uniform == pytest.approx(0.7, abs=0.1)
+    assert gdro < uniform - 0.2 and gdro < none - 0.2
 
 
 # -- vade ----------------------------------------------------------------------------------------

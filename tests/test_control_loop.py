@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from rollwise.config import ConfigError
 from rollwise.control import CONTROLLERS
+from rollwise.control.gdro import BINS, loss_at_stake
 from rollwise.filter.rewards import score_groups
 from rollwise.optim.batch import build_batch
 from rollwise.optim.objective import assign_advantages
@@ -110,6 +111,7 @@ def test_every_controller_trains_with_every_strategy(tmp_path, warm, method, str
         return
     with trainer_for(tmp_path, warm, f"control.method={method}", f"rollout.strategy={strategy}",
                      *CASES[method]) as t:
+        seen = record_groups(t)
         ms = [t.step() for _ in range(2)]
         assert t.state.step == 2 and all(m["tokens/generated"] > 0 for m in ms)
         spent = attempts(t)  # rollouts scored over both steps (PromptStats counts every one)
@@ -118,8 +120,12 @@ def test_every_controller_trains_with_every_strategy(tmp_path, warm, method, str
         if method == "xrpo_alloc":
             assert spent == 2 * P * G and all(m["control/extend_rollouts"] == P * (G - 2) for m in ms)
             assert all(m["control/rollouts_max"] <= 4 * G for m in ms)
-        if method == "gdro":
-            assert all(m["control/bin_weight/unseen"] > 0 for m in ms) and t.controller.updates.sum() > 0
+        if method == "gdro":  # step 0: nothing observed, every candidate unseen; its groups score the unseen bin
+            assert all(ms[0][f"control/bin_weight/{b}"] == pytest.approx(0.2) for b in BINS)
+            assert ms[0]["control/bin_drawn/unseen"] == P and sum(ms[1][f"control/bin_drawn/{b}"] for b in BINS) == P
+            first = [g for groups in seen[:1] for g in groups]  # step 0's only round
+            assert ms[0]["control/bin_score/unseen"] == pytest.approx(
+                sum(loss_at_stake(g.rewards) for g in first) / len(first))
         if method == "vade":
             assert ms[1]["control/pool"] > P and len(t.stats) >= 2 * P
         if method == "difficulty_select":

@@ -29,7 +29,7 @@ def config(tmp_path, name, *extra):
     ["optim.schedule=cosine", "optim.num_iterations=2"],
     ["rollout.strategy=april", "rollout.april.over_provision=2"],
     ["control.method=vade"],  # controller state: Beta posteriors, the seen pool
-    ["control.method=gdro", "rollout.strategy=tree"],  # bandit weights, hardness EMAs
+    ["control.method=gdro", "rollout.strategy=tree"],  # the bins' loss EMAs
     ["control.method=dynamic_sampling"],  # refills move the data cursor
     ["control.method=arrol", "control.arrol.min_examples=16"],  # the probe's buffer and weights
 ])

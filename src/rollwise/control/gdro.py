@@ -1,20 +1,37 @@
-"""``gdro``: Group DRO for LLM reasoning — "GDRO: Group-level Distributionally Robust
-Optimization for RLVR" (2025): Prompt-GDRO and Rollout-GDRO.
+"""``gdro``: Group DRO for LLM reasoning — "Group Distributionally Robust Optimization-Driven
+Reinforcement Learning for LLM Reasoning" (Panaganti et al., 2026, arXiv:2601.19280):
+Prompt-GDRO and Rollout-GDRO.
 
 Prompts are grouped online by difficulty, the bin of their unbiased pass@8 estimate
 (from ``PromptStats``): {0}, (0, .5], (.5, 1), {1}.
 
-- **Prompt-GDRO** (``mode: prompt`` or ``both``) — which prompts: a multiplicative-weights
-  bandit over the bins. Each bin's hardness L_g = 1 − mean reward of its prompts' groups is a
-  bias-corrected EMA (β = .9); after each step w_g ← w_g · exp(η L_g) (η = .1), and bins are
-  drawn from w mixed with 10% uniform, then a prompt from the drawn bin's candidates.
+- **Prompt-GDRO** (``mode: prompt`` or ``both``) — which prompts: the paper's EMA-debiased
+  EXP3P adversary (its §3.2.1). Each bin keeps a score S_b, a bias-corrected EMA (β = .9 on the
+  old value) of ℓ̄_b, the mean prompt-level loss of the step's groups from that bin (eqs. 12–13);
+  the bin weights are ω_b = exp(η S_b) (eq. 14, η = 2) and q_b = (1 − γ) ω_b / Σω + γ / B
+  (eq. 15, γ = .1). The weight is a function of the bin's *recent mean* loss, not a running
+  sum: a bin drawn often does not gain weight for being drawn (the frequency bias the paper's
+  debiasing removes), and a bin not drawn keeps its last score.
+- The loss is the paper's: ℓ(x) = −(1/n) Σ_j min(ρ_j A_j, clip(ρ_j, 1 ± ε) A_j) with GRPO's
+  standardised advantages A_j (eqs. 3, 5–7; KL term omitted), ``clipped_surrogate_loss``. At
+  the sampling policy (ρ = 1) it is 0 for every group, so the controller scores a group by the
+  loss one clipped step can remove, (ℓ(1) − ℓ(1 ± ε)) / ε = mean |A_j| (``loss_at_stake``): 0
+  for a group whose rewards all agree (never or always solved: nothing to learn), 2√(p(1−p))
+  for binary rewards otherwise.
+- Prompt-GDRO is realised by sampling: each pick draws a candidate with probability ∝ q of its
+  bin, so bin b is drawn ∝ (its candidates) × q_b — in expectation the paper's realisation,
+  which keeps the batch and multiplies each prompt's advantages by its bin's weight (eq. 16).
 - **Rollout-GDRO** (``mode: rollout`` or ``both``) — how many rollouts: prompt i of bin g
   gets n_i ∝ sqrt(p_g (1 − p_g)) rollouts (p_g the bin's mean pass rate), at least 2, the
   step's budget spent exactly (largest remainder).
 
 Departures from the paper:
-- A fifth bin holds prompts never rolled out (their pass@8 is unknown); it takes part in
-  the bandit like the others.
+- Prompt-GDRO resamples prompts (above) instead of reweighting advantages; the loss is scored
+  before the update, as the reducible clipped-surrogate loss, not after it; η = 2 because that
+  loss lies in [0, 1] (the released runs use η = .65 on the raw surrogate); no clip of S (it
+  is bounded); no normalisation of ℓ̄_b by the bin's batch share (optional in the paper).
+- Four fixed bins (the paper sweeps up to 10, with hysteresis), plus a fifth for prompts never
+  rolled out (their pass@8 is unknown); it takes part in the bandit like the others.
 - Candidates: the seen prompts (up to ``pool_size``) plus ``fresh_per_step`` stream prompts
   per step (default: as many as the step selects).
 - Rollout-GDRO's shadow-price controller is replaced by its fixed point, the square-root
@@ -39,8 +56,9 @@ BINS = ("zero", "low", "high", "one", "unseen")
 
 class GdroConfig(StrictModel):
     mode: Literal["prompt", "rollout", "both"] = Field("both", description="Prompt-GDRO, Rollout-GDRO, or both")
-    eta: float = Field(0.1, gt=0, description="multiplicative-weights step size")
-    ema: float = Field(0.9, ge=0, lt=1, description="beta of the bias-corrected EMA of each bin's hardness")
+    eta: float = Field(2.0, gt=0, description="eta of the bin weights exp(eta * S_b)")
+    ema: float = Field(0.9, ge=0, lt=1, description="old value's weight in the bias-corrected EMA S_b of a bin's loss")
+    clip: float = Field(0.2, gt=0, lt=1, description="epsilon of the clipped surrogate that scores a group's loss")
     uniform_mix: float = Field(0.1, ge=0, le=1, description="share of uniform in the bin distribution")
     min_rollouts: int = Field(2, ge=1, description="Rollout-GDRO: fewest rollouts a prompt gets")
     k: int = Field(8, ge=1, description="bins use the unbiased pass@k estimate")
@@ -63,6 +81,38 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1 - math.comb(n - c, k) / math.comb(n, k)
 
 
+def grpo_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
+    """A_j = (r_j − mean) / (std + eps), the population std (the paper's eq. 3)."""
+    n = len(rewards)
+    mean = sum(rewards) / n
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+def clipped_surrogate_loss(advantages: list[float], ratios: list[float], clip_low: float = 0.2,
+                           clip_high: float = 0.2) -> float:
+    """The paper's prompt-level loss (eqs. 5–7 without the KL term): the mean over the group's
+    rollouts of −min(ρ A, clip(ρ, 1 − ε_low, 1 + ε_high) A), ρ a rollout's (token-mean) ratio.
+
+    >>> round(clipped_surrogate_loss([1.0, -1.0], [1.3, 0.9]), 6)  # -(1.2) and +(0.9), halved
+    -0.15
+    """
+    terms = [-min(r * a, min(max(r, 1 - clip_low), 1 + clip_high) * a) for a, r in zip(advantages, ratios)]
+    return sum(terms) / len(terms)
+
+
+def loss_at_stake(rewards: list[float], clip: float = 0.2) -> float:
+    """What one clipped step can remove from the loss of a group with these rewards, per unit of
+    ε: (ℓ(ρ = 1) − ℓ(ρ = 1 + ε·sign A)) / ε = mean |A| — 0 when the rewards all agree.
+
+    >>> loss_at_stake([1, 1, 1, 1]), loss_at_stake([0, 0, 0, 0]), round(loss_at_stake([1, 0, 1, 0]), 4)
+    (0.0, 0.0, 1.0)
+    """
+    adv = grpo_advantages([float(r) for r in rewards])
+    best = [1 + clip if a > 0 else 1 - clip if a < 0 else 1.0 for a in adv]
+    return (clipped_surrogate_loss(adv, [1.0] * len(adv), clip, clip) - clipped_surrogate_loss(adv, best, clip, clip)) / clip
+
+
 def difficulty_bin(rec: PromptRecord, k: int = 8) -> int:
     """Index into ``BINS`` of a prompt's record."""
     if rec.attempts == 0:
@@ -76,9 +126,14 @@ def difficulty_bin(rec: PromptRecord, k: int = 8) -> int:
 
 
 def bin_distribution(weights: np.ndarray, uniform_mix: float) -> np.ndarray:
-    """Sampling distribution over bins: the weights normalised, mixed with ``uniform_mix`` of uniform."""
+    """q over bins: the weights normalised, mixed with ``uniform_mix`` of uniform (the paper's eq. 15)."""
     w = weights / weights.sum()
     return (1 - uniform_mix) * w + uniform_mix / len(w)
+
+
+def bin_weights(scores: np.ndarray, eta: float, uniform_mix: float) -> np.ndarray:
+    """q_b from the bins' scores S_b: ω_b = exp(η S_b) (eq. 14), then ``bin_distribution``."""
+    return bin_distribution(np.exp(eta * (scores - scores.max())), uniform_mix)
 
 
 def sqrt_allocation(pass_rates: list[float], budget: int, minimum: int = 2) -> list[int]:
@@ -93,10 +148,20 @@ class Gdro(Controller):
     def __init__(self, cfg: GdroConfig, **kw) -> None:
         super().__init__(**kw)
         self.cfg = cfg
-        self.log_weights = np.zeros(len(BINS))
-        self.hardness = np.zeros(len(BINS))  # EMA, not bias-corrected
+        self.scores = np.zeros(len(BINS))  # EMA of each bin's mean loss, not bias-corrected
         self.updates = np.zeros(len(BINS))  # EMA updates per bin (for the bias correction)
         self._last: dict[str, float] = {}
+
+    def corrected_scores(self) -> np.ndarray:
+        """S_b: the bias-corrected EMAs (0 for a bin never observed)."""
+        seen = self.updates > 0
+        out = np.zeros(len(BINS))
+        out[seen] = self.scores[seen] / (1 - self.cfg.ema ** self.updates[seen])
+        return out
+
+    def bin_probabilities(self) -> np.ndarray:
+        """q over ``BINS`` (the paper's eqs. 14–15)."""
+        return bin_weights(self.corrected_scores(), self.cfg.eta, self.cfg.uniform_mix)
 
     # Prompt-GDRO ---------------------------------------------------------------------------
     def select_prompts(self, source: PromptCursor, stats: PromptStats, n: int) -> list[Prompt]:
@@ -107,43 +172,38 @@ class Gdro(Controller):
         want = n if self.cfg.fresh_per_step is None else self.cfg.fresh_per_step
         fresh = source.fresh(max(want, n - seen), stats)  # never fewer candidates than picks
         fresh_ids = {p.id for p in fresh}
-        by_bin: list[list] = [[] for _ in BINS]
-        for p in fresh:
-            by_bin[difficulty_bin(stats.get(p.id), self.cfg.k)].append(p)
+        items: list = list(fresh)  # Prompts (fresh) or stream indices (seen)
+        bins = [difficulty_bin(stats.get(p.id), self.cfg.k) for p in fresh]
         for pid, rec in stats.records.items():
             if pid not in fresh_ids and rec.index >= 0:
-                by_bin[difficulty_bin(rec, self.cfg.k)].append(rec.index)
-        rng = self.rng()
-        q = bin_distribution(np.exp(self.log_weights - self.log_weights.max()), self.cfg.uniform_mix)
-        picked, taken = [], set()
-        while len(picked) < n:
-            avail = np.array([len(b) > 0 for b in by_bin], dtype=float)
-            if not avail.any():
-                break
-            g = int(rng.choice(len(BINS), p=q * avail / (q * avail).sum()))
-            item = by_bin[g].pop(int(rng.integers(len(by_bin[g]))))
-            prompt = item if isinstance(item, Prompt) else source.revisit(item, stats)
-            if prompt.id in taken:
-                continue
-            taken.add(prompt.id)
-            picked.append(prompt)
+                items.append(rec.index)
+                bins.append(difficulty_bin(rec, self.cfg.k))
+        q = self.bin_probabilities()
+        # each candidate ∝ q of its bin: bin b drawn ∝ (its candidates) x q_b, the resampling
+        # equivalent of the paper's per-bin advantage weights
+        p = q[bins] / q[bins].sum()
+        count = min(n, len(items))
+        order = self.rng().choice(len(items), size=count, replace=False, p=p).tolist() if count else []
+        picked = [items[i] if isinstance(items[i], Prompt) else source.revisit(items[i], stats) for i in order]
         self._last = {f"control/bin_weight/{b}": float(x) for b, x in zip(BINS, q)}
+        self._last |= {f"control/bin_drawn/{b}": float(sum(bins[i] == j for i in order)) for j, b in enumerate(BINS)}
         return picked
 
     def observe_step(self, groups: list[RolloutGroup], stats: PromptStats) -> None:
-        """After the step's groups are scored: each bin's hardness EMA, then the weights."""
+        """After the step's groups are scored: each present bin's mean loss into its EMA (eqs. 12–13)."""
         losses: list[list[float]] = [[] for _ in BINS]
         for g in groups:
+            if not g.rollouts:
+                continue
             rec = stats.get(g.prompt.id)
             before = PromptRecord(attempts=rec.attempts - len(g.rollouts),
                                   successes=rec.successes - sum(r.correct for r in g.rollouts))
-            losses[difficulty_bin(before, self.cfg.k)].append(1 - g.pass_rate)
+            losses[difficulty_bin(before, self.cfg.k)].append(loss_at_stake(g.rewards, self.cfg.clip))
         for b, ls in enumerate(losses):
             if ls:
-                self.hardness[b] = self.cfg.ema * self.hardness[b] + (1 - self.cfg.ema) * float(np.mean(ls))
+                self.scores[b] = self.cfg.ema * self.scores[b] + (1 - self.cfg.ema) * float(np.mean(ls))
                 self.updates[b] += 1
-                corrected = self.hardness[b] / (1 - self.cfg.ema ** self.updates[b])
-                self.log_weights[b] += self.cfg.eta * corrected
+        self._last |= {f"control/bin_score/{b}": float(x) for b, x in zip(BINS, self.corrected_scores())}
 
     # Rollout-GDRO --------------------------------------------------------------------------
     def allocate(self, prompts: list[Prompt], stats: PromptStats, budget: int) -> list[int]:
@@ -163,10 +223,11 @@ class Gdro(Controller):
         return self._last
 
     def state_dict(self) -> dict:
-        return {"log_weights": self.log_weights.tolist(), "hardness": self.hardness.tolist(),
-                "updates": self.updates.tolist()}
+        return {"scores": self.scores.tolist(), "updates": self.updates.tolist()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.log_weights = np.array(state["log_weights"], dtype=float)
-        self.hardness = np.array(state["hardness"], dtype=float)
+        if "scores" not in state:
+            raise ValueError("gdro: this checkpoint holds the bandit state of the old update (log_weights, hardness), "
+                             "which the paper's EMA-debiased update does not continue; start the run again")
+        self.scores = np.array(state["scores"], dtype=float)
         self.updates = np.array(state["updates"], dtype=float)

@@ -1,77 +1,194 @@
-"""``rollwise bench ablate``: the ledger's arithmetic by hand, and a resumable smoke run."""
+"""``rollwise bench ablate``: the ledger's arithmetic by hand — paired effects, identical arms merged,
+the noise floor, off-policy regimes — and a resumable smoke run."""
 
 import json
 
 import pytest
 from typer.testing import CliRunner
 
-from rollwise.bench.ablate import BASELINE, arm_lines, bootstrap_ci, default_arms, load_ablate_config, summarize, verdict
+from rollwise.bench.ablate import (
+    BASELINE,
+    NOISE_FLOOR,
+    all_arms,
+    arm_lines,
+    default_arms,
+    load_ablate_config,
+    ratio_presets,
+    summarize,
+)
+from rollwise.bench.ledger import to_markdown
+from rollwise.bench.stats import NO_DIFFERENCE
 from rollwise.config import ConfigError
 
+BASE = "1111100000"  # the baseline: 5 of 10 prompts on every seed
 
-def run(arm, seed, acc, curve=None, refused=None):
+
+def plus(k, base=BASE):
+    """The baseline's correctness with k more prompts right (k < 0: fewer)."""
+    ones = base.count("1") + k
+    return "1" * ones + "0" * (len(base) - ones)
+
+
+def run(arm, seed, correct=BASE, trace=None, curve=None, refused=None):
     if refused:
         return {"task": "arith", "arm": arm, "seed": seed, "refused": refused}
-    return {"task": "arith", "arm": arm, "seed": seed, "final_accuracy": acc, "curve": curve or [(0, 0.5), (100, acc)],
-            "wall_seconds": 10.0}
+    acc = correct.count("1") / len(correct)
+    return {"task": "arith", "arm": arm, "seed": seed, "final_accuracy": acc, "correct": correct,
+            "eval_correct": ["0" * len(correct), correct], "trace": trace or [[100.0, 0.5], [100.0, 0.5]],
+            "curve": curve or [(0, 0.3), (100, acc)], "wall_seconds": 10.0, "steps": len(trace or [0, 0])}
 
 
-def test_bootstrap_and_verdict():
-    assert bootstrap_ci([0.1, 0.1, 0.1]) == (0.1, 0.1)
-    lo, hi = bootstrap_ci([-0.1, 0.0, 0.1])
-    assert lo < 0 < hi and lo >= -0.1 and hi <= 0.1
-    assert bootstrap_ci([0.3, -0.2, 0.1]) == bootstrap_ci([0.3, -0.2, 0.1])  # a fixed generator
-    assert (verdict(0.01, 0.2), verdict(-0.2, -0.01), verdict(-0.1, 0.1)) == (
-        "better", "worse", "no detectable difference")
+def ledger_runs():
+    seeds = range(5)
+    runs = [run(BASELINE, s) for s in seeds]
+    # +1, +2, +1, +3, +1 prompts of 10: mean +0.16, sd 0.0894, se 0.04, t(4) = 4.0
+    runs += [run("objective:dapo", s, plus(k), trace=[[100.0, 0.5], [90.0, 0.6]],
+                 curve=[(0, 0.3), (50, 0.5), (100, 0.5 + k / 10)]) for s, k in zip(seeds, [1, 2, 1, 3, 1])]
+    runs += [run("objective:gspo", s) for s in seeds]  # every run the baseline's: one computation
+    for arm in ("objective:ppo_clip", "objective:cispo"):  # the same as each other, not as the baseline
+        runs += [run(arm, s, plus(-1 if s % 2 else 1), trace=[[100.0, 0.5], [100.0, 0.5], [80.0, 0.25]])
+                 for s in seeds]
+    # three seeds, three differences sharing a sign (+1, +1, +3): the old rule's "better"
+    runs += [run("objective:sapo", s, plus(k), trace=[[100.0, 0.5], [99.0, 0.5]]) for s, k in zip(range(3), [1, 1, 3])]
+    runs += [run(NOISE_FLOOR, s, plus(k), trace=[[101.0, 0.5], [99.0, 0.5]]) for s, k in zip(seeds, [1, -1, 0, 1, -1])]
+    # the epochs2 regime: its arm is 1 prompt above its own baseline (3/10), below the ledger's baseline
+    runs += [run("baseline@epochs2", s, plus(-2), trace=[[100.0, 0.5], [95.0, 0.5]]) for s in seeds]
+    runs += [run("objective:cispo@epochs2", s, plus(-1), trace=[[100.0, 0.5], [96.0, 0.5]]) for s in seeds]
+    runs += [run("strategy:april", 0, refused="ConfigError: no")]
+    arms = [BASELINE, NOISE_FLOOR, "objective:dapo", "objective:gspo", "objective:ppo_clip", "objective:cispo",
+            "objective:sapo", "strategy:april", "baseline@epochs2", "objective:cispo@epochs2"]
+    return runs, arms
 
 
 def test_summary_by_hand():
-    runs = [run(BASELINE, s, a) for s, a in [(0, 0.6), (1, 0.7), (2, 0.8)]]
-    runs += [run("objective:dapo", s, a + 0.1, curve=[(0, 0.5), (50, a), (100, a + 0.1)])
-             for s, a in [(0, 0.6), (1, 0.7), (2, 0.8)]]
-    runs += [run("objective:gspo", s, a) for s, a in [(0, 0.5), (1, 0.8), (2, 0.8)]]
-    runs += [run("strategy:april", 0, None, refused="ConfigError: no")]
-    table = summarize(runs, [BASELINE, "objective:dapo", "objective:gspo", "strategy:april"])
+    table = summarize(*ledger_runs())
     d = table["objective:dapo"]
-    assert d["difference"] == pytest.approx(0.1) and d["ci95"] == [pytest.approx(0.1), pytest.approx(0.1)]
-    assert d["verdict"] == "better" and d["tokens_ratio"] == pytest.approx(0.5) and d["reached"] == 3
-    g = table["objective:gspo"]
-    assert g["difference"] == pytest.approx(0.0) and g["verdict"] == "no detectable difference"
-    assert table["strategy:april"] == {"lines": ["rollout.strategy=april"], "refused": "ConfigError: no"}
+    half = 2.776445 * 0.04
+    assert d["difference"] == pytest.approx(0.16) and d["ci95"] == pytest.approx([0.16 - half, 0.16 + half], abs=1e-5)
+    assert d["p"] == pytest.approx(0.01613, abs=1e-4) and d["verdict"] == "better"
+    assert (d["seeds"], d["pairs"], d["departs_at"]) == (5, 50, 2)
+    assert d["tokens_ratio"] == pytest.approx(0.5) and d["reached"] == 5
+    assert table["strategy:april"] == {"ids": ["strategy:april"], "lines": ["rollout.strategy=april"],
+                                       "refused": "ConfigError: no"}
     assert table[BASELINE]["verdict"] == "baseline"
+
+
+def test_identical_arms_are_one_row():
+    """Detected from the runs, not from the ids: gspo's runs are the baseline's, ppo_clip's are cispo's."""
+    table = summarize(*ledger_runs())
+    assert table[BASELINE]["ids"] == [BASELINE, "objective:gspo"] and "objective:gspo" not in table
+    merged = table["objective:ppo_clip"]
+    assert merged["ids"] == ["objective:ppo_clip", "objective:cispo"] and "objective:cispo" not in table
+    assert merged["lines"] == ["objective.method=ppo_clip", "objective.method=cispo"]
+    assert merged["departs_at"] == 3 and merged["verdict"] == NO_DIFFERENCE
+    # cispo alone in another regime is its own row, against that regime's baseline
+    assert table["objective:cispo@epochs2"]["ids"] == ["objective:cispo@epochs2"]
+
+
+def test_three_seeds_sharing_a_sign_are_not_a_verdict():
+    """The old rule (a bootstrap over 3 seeds ≈ [min, max]) called +1, +1, +3 prompts "better"; the t rule does not."""
+    s = summarize(*ledger_runs())["objective:sapo"]
+    assert all(d > 0 for d in s["seed_differences"]) and s["seeds"] == 3
+    assert s["ci95"][0] < 0 < s["ci95"][1] and s["verdict"] == NO_DIFFERENCE
+    assert s["p"] == pytest.approx(2 * 0.06492, abs=1e-3)  # t = 2.5 on 2 degrees of freedom
+
+
+def test_noise_floor_and_regimes():
+    table = summarize(*ledger_runs())
+    nf = table[NOISE_FLOOR]
+    assert nf["difference"] == pytest.approx(0.0) and nf["verdict"] == NO_DIFFERENCE and nf["departs_at"] == 1
+    c = table["objective:cispo@epochs2"]  # +0.1 against baseline@epochs2 (it would be -0.1 against the baseline)
+    assert c["difference"] == pytest.approx(0.1) and c["verdict"] == "better"
+    assert table["baseline@epochs2"]["verdict"] == "baseline"
+    md = to_markdown({"command": "rollwise bench ablate", "tasks": {"arith": table}})
+    assert "| baseline ≡ objective:gspo |" in md and "| objective:ppo_clip ≡ objective:cispo |" in md
+    assert "Noise floor (the baseline with other sampling seeds): +0.0 [" in md
+    assert "#### arith, off-policy regime `epochs2`" in md
+    assert md.index("objective:cispo@epochs2") > md.index("off-policy regime")
+    dapo = next(x for x in md.splitlines() if x.startswith("| objective:dapo |"))
+    assert "| +16.0 [+4.9, +27.1] | 0.016 | 5×10 | 2 | 0.50× (5/5) |" in dapo and dapo.endswith("| better |")
 
 
 def test_arms_and_their_lines():
     arms = default_arms()
     assert "objective:decoupled_ppo" in arms and "control:arrol" in arms and "replay:remix" in arms
     assert "objective:grpo" not in arms and "strategy:group" not in arms and "control:none" not in arms
-    assert ("objective:dapo" in arms) != ("objective:dapo_clip_higher" in arms)  # one id per preset
+    ratio = ratio_presets()  # from the presets' resolved fields, not a list of names
+    assert {"gspo", "sapo", "minpro", "cispo", "ppo_clip"} <= set(ratio)
+    assert not {"rloo", "dr_grpo", "ace", "mc_grpo", "drpo", "grpo"} & set(ratio)
+    assert {f"objective:{n}@{r}" for n in ratio for r in ("epochs2", "async1")} <= set(arms)
+    assert "objective:rloo@epochs2" not in arms and "objective:gspo@replay" not in arms
     assert arm_lines("control:vade") == ["control.method=vade"]
     assert arm_lines("objective:mc_grpo") == ["objective.method=mc_grpo", "rollout.num_generations=7"]
+    assert arm_lines("objective:gspo@epochs2") == ["objective.method=gspo", "optim.num_iterations=2"]
+    assert arm_lines("baseline@async1") == ["train.mode=async", "train.max_staleness=1"]
+    assert arm_lines(NOISE_FLOOR) == ["sampling_seed=seed+1000"]
+    cfg = load_ablate_config(["arms=[objective:cispo@epochs2,control:vade]"])
+    assert all_arms(cfg) == [BASELINE, NOISE_FLOOR, "baseline@epochs2", "objective:cispo@epochs2", "control:vade"]
+    assert all_arms(load_ablate_config(["arms=[control:vade]", "noise_floor=false"])) == [BASELINE, "control:vade"]
+    assert load_ablate_config([]).seeds == [0, 1, 2, 3, 4]
     with pytest.raises(ConfigError, match="stage:id"):
         load_ablate_config(["arms=[vade]"])
+    with pytest.raises(ConfigError, match="unknown regime 'epochs3'"):
+        load_ablate_config(["arms=[objective:gspo@epochs3]"])
+
+
+def ablate(out, *sets):
+    from rollwise.cli import app
+
+    args = ["bench", "ablate", "--set", f"out={out}", "--set", "tasks=[arith]", "--set", "seeds=[0,1]",
+            "--set", "tokens=600", "--set", "eval_size=8", "--set", "prompts_per_step=4", "--set", "num_generations=4",
+            "--set", "arith_max_digits=1", "--set", "arith_max_new_tokens=16", "--set", "eval_every=2"]
+    result = CliRunner().invoke(app, args + [x for kv in sets for x in ("--set", kv)])
+    assert result.exit_code == 0, result.output
+    lines = (out / "results.jsonl").read_text().splitlines()
+    return lines, {(r["arm"], r["seed"]): r for r in map(json.loads, lines)}
 
 
 def test_bench_ablate_smoke_resumes(tmp_path):
-    from rollwise.cli import app
-
+    """From a 5-step SFT no group has signal, so no arm's update changes anything: dr_grpo is the
+    baseline's computation there (merged, from its runs); tree samples otherwise (not merged)."""
     out = tmp_path / "ablate"
-    args = ["bench", "ablate", "--set", f"out={out}", "--set", "tasks=[arith]", "--set", "arms=[objective:dr_grpo]",
-            "--set", "seeds=[0,1]", "--set", "sft_steps=5", "--set", "tokens=600", "--set", "eval_size=8",
-            "--set", "prompts_per_step=4", "--set", "num_generations=4", "--set", "arith_max_digits=1",
-            "--set", "arith_max_new_tokens=16", "--set", "eval_every=2"]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    lines = (out / "results.jsonl").read_text().splitlines()
-    assert len(lines) == 4  # 2 arms x 2 seeds
-    ledger = json.loads((out / "ledger.json").read_text())
-    row = ledger["tasks"]["arith"]["objective:dr_grpo"]
-    assert row["seeds"] == 2 and row["verdict"] in ("better", "worse", "no detectable difference")
-    assert "objective:dr_grpo" in (out / "ledger.md").read_text() and "<table>" in (out / "ledger.html").read_text()
-    # killed after three runs: only the missing one runs again
-    (out / "results.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    again = (out / "results.jsonl").read_text().splitlines()
-    assert [json.loads(x) for x in again[:3]] == [json.loads(x) for x in lines[:3]] and len(again) == 4
-    assert json.loads(again[-1])["arm"] == json.loads(lines[3])["arm"]
+    sets = ["arms=[objective:dr_grpo,strategy:tree]", "sft_steps=5"]
+    lines, records = ablate(out, *sets)
+    assert len(lines) == 8  # (baseline, noise floor, 2 arms) x 2 seeds
+    assert all(reward == 0 for r in records.values() for _, reward in r["trace"])  # no signal anywhere
+    table = json.loads((out / "ledger.json").read_text())["tasks"]["arith"]
+    assert table[BASELINE]["ids"] == [BASELINE, "objective:dr_grpo"] and "objective:dr_grpo" not in table
+    tree = table["strategy:tree"]
+    assert tree["ids"] == ["strategy:tree"] and tree["departs_at"] == 1
+    assert (tree["seeds"], tree["pairs"], len(tree["seed_differences"])) == (2, 16, 2)
+    expected = [(sum(map(int, records["strategy:tree", s]["correct"]))
+                 - sum(map(int, records[BASELINE, s]["correct"]))) / 8 for s in (0, 1)]
+    assert tree["seed_differences"] == pytest.approx(expected)
+    assert tree["verdict"] == ("better" if tree["ci95"][0] > 0 else "worse" if tree["ci95"][1] < 0 else NO_DIFFERENCE)
+    # the noise floor: other sampled tokens from step 1, the same eval prompts (so it pairs by prompt)
+    nf = table[NOISE_FLOOR]
+    assert nf["departs_at"] == 1 and nf["pairs"] == 16 and nf["ids"] == [NOISE_FLOOR]
+    for seed in (0, 1):
+        evals = [[json.loads(x) for x in (out / "runs" / f"arith_{arm}_{seed}" / "evals.jsonl").read_text().splitlines()]
+                 for arm in (BASELINE, NOISE_FLOOR)]
+        assert evals[0][0]["prompt_ids"] == evals[1][0]["prompt_ids"] and len(evals[0][0]["correct"]) == 8
+        assert [e["correct"] for e in evals[0]] == records[BASELINE, seed]["eval_correct"]
+    config = (out / "runs" / f"arith_{NOISE_FLOOR}_1" / "config.yaml").read_text()
+    assert "sampling_seed: 1001" in config and "\nseed: 1\n" in config
+    md = (out / "ledger.md").read_text()
+    assert "| baseline ≡ objective:dr_grpo |" in md and "Noise floor" in md
+    assert "<table>" in (out / "ledger.html").read_text()
+    # killed after seven runs: only the missing one runs again
+    (out / "results.jsonl").write_text("\n".join(lines[:7]) + "\n" + lines[7][:20])
+    again, _ = ablate(out, *sets)
+    assert [json.loads(x) for x in again[:7]] == [json.loads(x) for x in lines[:7]] and len(again) == 8
+    assert json.loads(again[-1])["arm"] == json.loads(lines[7])["arm"]
+
+
+@pytest.mark.slow
+def test_one_pass_gspo_is_grpo_found_from_runs(tmp_path):
+    """With real gradients (a 60-step SFT: mixed groups; lr 1e-3): at one optimizer pass gspo's runs
+    are GRPO's (every ratio is 1: the same gradient), while dr_grpo's part from step 2 on."""
+    _, records = ablate(tmp_path / "ablate", "arms=[objective:dr_grpo,objective:gspo]", "sft_steps=60", "lr=1e-3",
+                        "noise_floor=false")
+    assert any(reward > 0 for r in records.values() for _, reward in r["trace"])
+    table = json.loads((tmp_path / "ablate" / "ledger.json").read_text())["tasks"]["arith"]
+    assert table[BASELINE]["ids"] == [BASELINE, "objective:gspo"]
+    assert table["objective:dr_grpo"]["ids"] == ["objective:dr_grpo"] and table["objective:dr_grpo"]["departs_at"] == 2

@@ -101,6 +101,7 @@ def test_trajectories():
     assert departure_step([[1, 0.5], [2, 0.5]], [[1, 0.5], [2, 0.5]]) is None
     assert departure_step([[1, 0.5], [2, 0.25]], [[1, 0.5], [2, 0.5]]) == 2
     assert departure_step([[3, 0.5]], [[1, 0.5]]) == 1
+    assert departure_step([[1, 0.5]], [[1, 0.5], [2, 0.5]]) == 2  # one run stopped earlier: they differ there
     assert identical_groups({"a": {0: "x"}, "b": {0: "x", 1: "y"}, "c": {0: "x"}}) == [["a", "c"], ["b"]]
     assert identical_groups({}) == []
 

@@ -2,51 +2,88 @@
 
 An arm is ``<stage>:<id>`` — ``objective:<preset>``, ``strategy:<id>``, ``control:<id>``,
 ``replay:<id>`` — and changes exactly one config line of the baseline (GRPO, independent
-group sampling, no control, no replay). Default arms: every method id implemented
-(``default_arms()``). For each task (``arith``, ``countdown``) one SFT warm start is shared by
-every arm; each arm runs for every seed until the engine has sampled the task's token budget,
-evaluating greedy accuracy every ``eval_every`` steps and at the end.
+group sampling, no control, no replay). ``<stage>:<id>@<regime>`` measures it in an off-policy
+regime (``REGIMES``: ``epochs2`` = two optimizer passes per batch, ``async1`` = async with
+staleness 1, ``replay`` = rollout replay) against the baseline in that regime
+(``baseline@<regime>``). Default arms (``default_arms()``): every method id implemented, plus,
+in each of ``regimes``, every objective preset that differs from GRPO only in fields that act
+through the importance ratio (``ratio_presets()``: at one optimizer pass, on fresh samples, the
+ratio is 1 and those fields do nothing). The ``noise_floor`` arm is the baseline again with other
+rollout-sampling seeds (``sampling_seed``; same warm start, data order and eval set).
+
+For each task (``arith``, ``countdown``) one SFT warm start is shared by every arm; each arm
+runs for every seed until the engine has sampled the task's token budget, evaluating greedy
+accuracy every ``eval_every`` steps and at the end; each run keeps its final eval's correctness
+per prompt, every eval's, and its per-step trace (tokens sampled, mean reward).
 
 Resumable: every finished run is appended to ``OUT/results.jsonl`` and the warm starts stay in
 ``OUT/warm_<task>``; a killed ablation started again with the same ``out`` skips what is done.
 An arm whose config is refused (a ConfigError: a combination that makes no sense) is recorded
 as refused with the reason, not run.
 
-Per arm and task (``summarize``): accuracy at the budget (mean over seeds); the difference
-from the baseline, paired by seed, with a 95% bootstrap confidence interval over seeds
-(10,000 resamples, a fixed generator); generated tokens to the baseline's final accuracy (the
-control bench's ratio); wall time; and a verdict — "better" when the interval lies above 0,
-"worse" when below, else "no detectable difference" (with 3 seeds an interval is wide: that
-answer is expected and honest). Written as ``ledger.json``, ``ledger.md`` and ``ledger.html``.
+Per arm and task (``summarize``): accuracy at the budget (mean over seeds); the effect against
+its baseline, paired by seed and prompt, with its 95% t interval over seeds, p and verdict
+(``rollwise.bench.stats``); the first step at which its runs depart from the baseline's
+(``departs_at``: earliest over seeds; None = identical for the whole budget); generated tokens
+to the baseline's final accuracy (the control bench's ratio); wall time. Arms whose runs are
+identical on every seed — per-step trace and every eval's per-prompt correctness — are one
+computation at these settings and are reported once, with every id (``ids``). Written as
+``ledger.json``, ``ledger.md`` and ``ledger.html`` (``rollwise.bench.ledger``).
 """
 
 from __future__ import annotations
 
-import html
 import json
 import statistics
 import time
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import torch
 from pydantic import Field
 
 from rollwise.bench.control import task_sets, tokens_to_reach, warm_start
 from rollwise.bench.engine import _quiet_transformers
+from rollwise.bench.ledger import write_ledger
+from rollwise.bench.stats import correct_string, departure_step, identical_groups, paired_effect, seed_test, verdict
 from rollwise.config import ConfigError, StrictModel, apply_overrides, validate
 from rollwise.report.runs import read_jsonl
 
 BASELINE = "baseline"
+NOISE_FLOOR = "noise_floor"
+NOISE_SEED_OFFSET = 1_000  # the noise floor samples with sampling_seed = seed + this
 STAGE_KEYS = {"objective": "objective.method", "strategy": "rollout.strategy", "control": "control.method",
               "replay": "replay.method"}
 # what an arm needs besides its one line (method-specific requirements)
 ARM_EXTRAS = {"objective:mc_grpo": ["rollout.num_generations=7"]}
+# off-policy regimes: where the ratio pi_theta / pi_old departs from 1 (async also sets its threads, in _run)
+REGIMES = {"epochs2": ["optim.num_iterations=2"], "async1": ["train.mode=async", "train.max_staleness=1"],
+           "replay": ["replay.method=rollout_replay"]}
+# ObjectiveConfig fields that act only through the importance ratio: inert at ratio 1
+RATIO_FIELDS = ("policy_loss", "importance_sampling_level", "epsilon", "epsilon_high", "dual_clip", "sapo_tau_pos",
+                "sapo_tau_neg", "prefix_ratio", "tis_mode", "tis_cap", "tis_cap_min")
 
 
-def default_arms() -> list[str]:
-    """Every implemented method id, as ``stage:id`` (baselines and aliases left out)."""
+def ratio_presets() -> list[str]:
+    """Objective presets that differ from GRPO's resolved config in a ratio-only field (``RATIO_FIELDS``):
+    the ones that can differ from an on-policy run only off-policy (aliases once)."""
+    from rollwise.optim.objective import PRESETS, ObjectiveConfig
+
+    grpo = ObjectiveConfig(method="grpo").model_dump()
+    seen, out = set(), []
+    for name, preset in PRESETS.items():
+        if name == "grpo" or id(preset) in seen:
+            continue
+        seen.add(id(preset))
+        resolved = ObjectiveConfig(method=name).model_dump()
+        if any(resolved[f] != grpo[f] for f in RATIO_FIELDS):
+            out.append(name)
+    return out
+
+
+def default_arms(regimes: list[str] = ("epochs2", "async1")) -> list[str]:
+    """Every implemented method id, as ``stage:id`` (baselines and aliases left out), then the
+    ratio presets in each off-policy regime (``objective:<id>@<regime>``)."""
     from rollwise.control import CONTROLLERS
     from rollwise.generate import STRATEGIES
     from rollwise.optim.objective import PRESETS
@@ -59,22 +96,29 @@ def default_arms() -> list[str]:
             objectives.append(name)
     return ([f"objective:{n}" for n in objectives] + [f"strategy:{n}" for n in STRATEGIES if n != "group"]
             + [f"control:{n}" for n in CONTROLLERS if n != "none"]
-            + [f"replay:{n}" for n in REPLAY_METHODS if n != "none"])
+            + [f"replay:{n}" for n in REPLAY_METHODS if n != "none"]
+            + [f"objective:{n}@{r}" for r in regimes for n in ratio_presets()])
 
 
 class AblateBenchConfig(StrictModel):
     """Settings of ``rollwise bench ablate`` (override with ``--set key=value``)."""
 
-    arms: list[str] | None = Field(None, description="arms as stage:id (null = every implemented method id)")
+    arms: list[str] | None = Field(None, description="arms as stage:id or stage:id@regime (null = every implemented "
+                                   "method id, and the ratio presets in each of `regimes`)")
+    regimes: list[Literal[tuple(REGIMES)]] = Field(["epochs2", "async1"], description="off-policy regimes the default "
+                                                   "arms measure the ratio presets in")
+    noise_floor: bool = Field(True, description="also run the baseline with other sampling seeds, judged by the same "
+                              "rule: it must read 'no detectable difference'")
     tasks: list[Literal["arith", "countdown"]] = Field(["arith", "countdown"], min_length=1, description="tasks")
-    seeds: list[int] = Field([0, 1, 2], min_length=1, description="RL seeds per arm")
+    seeds: list[int] = Field([0, 1, 2, 3, 4], min_length=1, description="RL seeds per arm (the verdict's unit)")
     out: str = Field("runs/ablate", description="results directory (results.jsonl, warm starts, the ledger): "
                      "run again with the same out to continue a killed ablation")
     threads: int = Field(1, ge=0, description="torch threads (0 = torch's default)")
     preset: str = Field("tiny", description="model preset (random init, then SFT)")
     sft_steps: int = Field(500, ge=0, description="SFT warm-start steps per task")
-    tokens: int = Field(60_000, ge=1, description="arith: generated-token budget of every run")
-    countdown_tokens: int = Field(60_000, ge=1, description="countdown: generated-token budget of every run")
+    tokens: int = Field(240_000, ge=1, description="arith: generated-token budget of every run (~46 baseline steps)")
+    countdown_tokens: int = Field(160_000, ge=1, description="countdown: generated-token budget of every run "
+                                  "(~120 baseline steps)")
     num_generations: int = Field(8, ge=2, description="rollouts per prompt")
     prompts_per_step: int = Field(16, ge=1, description="groups per step")
     lr: float = Field(3e-5, gt=0, description="learning rate")
@@ -89,24 +133,53 @@ class AblateBenchConfig(StrictModel):
 def load_ablate_config(overrides: list[str]) -> AblateBenchConfig:
     cfg = validate(AblateBenchConfig, apply_overrides({}, list(overrides)))
     for arm in cfg.arms or []:
-        stage, _, name = arm.partition(":")
-        if stage not in STAGE_KEYS or not name:
+        body, _, regime = arm.partition("@")
+        stage, _, name = body.partition(":")
+        if (stage not in STAGE_KEYS or not name) and body != BASELINE:
             raise ConfigError(f"arms: {arm!r} is not stage:id; stages are {', '.join(STAGE_KEYS)} "
-                              "(e.g. objective:dapo, control:vade)")
+                              "(e.g. objective:dapo, control:vade, objective:cispo@epochs2)")
+        if "@" in arm and regime not in REGIMES:
+            raise ConfigError(f"arms: {arm!r}: unknown regime {regime!r}; regimes are {', '.join(REGIMES)}")
     return cfg
 
 
+def split_arm(arm: str) -> tuple[str, str | None]:
+    """``objective:cispo@epochs2`` -> (``objective:cispo``, ``epochs2``); no regime -> None."""
+    body, _, regime = arm.partition("@")
+    return body, regime or None
+
+
+def baseline_of(arm: str) -> str:
+    """The arm an arm is compared with: the baseline in its regime (the noise floor: the baseline)."""
+    regime = split_arm(arm)[1]
+    return BASELINE if regime is None else f"{BASELINE}@{regime}"
+
+
 def arm_lines(arm: str) -> list[str]:
-    """The config lines an arm changes from the baseline."""
-    if arm == BASELINE:
-        return []
-    stage, _, name = arm.partition(":")
-    return [f"{STAGE_KEYS[stage]}={name}", *ARM_EXTRAS.get(arm, [])]
+    """The config lines an arm changes from the baseline (the noise floor's is its sampling seed)."""
+    body, regime = split_arm(arm)
+    lines = [] if body in (BASELINE, NOISE_FLOOR) else [f"{STAGE_KEYS[body.partition(':')[0]]}="
+                                                         f"{body.partition(':')[2]}", *ARM_EXTRAS.get(body, [])]
+    if body == NOISE_FLOOR:
+        lines = [f"sampling_seed=seed+{NOISE_SEED_OFFSET}"]
+    return lines + (REGIMES[regime] if regime else [])
+
+
+def all_arms(cfg: AblateBenchConfig) -> list[str]:
+    """The baseline, the noise floor, the arms, and a baseline for each regime an arm uses (before its arms)."""
+    arms = [BASELINE, *([NOISE_FLOOR] if cfg.noise_floor else [])]
+    for arm in cfg.arms if cfg.arms is not None else default_arms(cfg.regimes):
+        base = baseline_of(arm)
+        if base not in arms:
+            arms.append(base)
+        if arm not in arms:
+            arms.append(arm)
+    return arms
 
 
 def run_ablate_bench(overrides: list[str], console, json_path: Path | None = None) -> dict:
     cfg = load_ablate_config(overrides)
-    arms = [BASELINE, *(cfg.arms if cfg.arms is not None else default_arms())]
+    arms = all_arms(cfg)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
@@ -134,12 +207,12 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
     ledger = {"settings": cfg.model_dump(), "command": "rollwise bench ablate " + " ".join(
         f"--set {o}" for o in overrides), "tasks": {}}
     for task in cfg.tasks:
-        runs = [r for (t, _, _), r in done.items() if t == task]
+        runs = [r for (t, _, s), r in done.items() if t == task and s in cfg.seeds]
         ledger["tasks"][task] = summarize(runs, arms)
-    write_ledger(ledger, out)
+    markdown = write_ledger(ledger, out)
     if json_path is not None:
         json_path.write_text(json.dumps(ledger, indent=2))
-    console.print(to_markdown(ledger), highlight=False, soft_wrap=True)
+    console.print(markdown, highlight=False, soft_wrap=True)
     return ledger
 
 
@@ -155,56 +228,68 @@ def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out
     from rollwise.train.loop import Trainer, Until
 
     tokens = cfg.tokens if task == "arith" else cfg.countdown_tokens
+    threads = torch.get_num_threads()
     record = {"task": task, "arm": arm, "seed": seed, "lines": arm_lines(arm)}
-    sets = [f"output_dir={out / 'runs'}", f"name={task}_{arm.replace(':', '_')}_{seed}", f"seed={seed}",
-            f"model.path={warm}", f"model.threads={torch.get_num_threads()}", *task_sets(cfg, task), "sft.steps=0",
+    lines = [x for x in arm_lines(arm) if not x.startswith("sampling_seed=")]
+    if split_arm(arm)[0] == NOISE_FLOOR:
+        lines.append(f"sampling_seed={seed + NOISE_SEED_OFFSET}")
+    if split_arm(arm)[1] == "async1":
+        lines += [f"train.generation_threads={threads}", f"train.update_threads={threads}"]
+    sets = [f"output_dir={out / 'runs'}", f"name={task}_{arm.replace(':', '_').replace('@', '_')}_{seed}",
+            f"seed={seed}", f"model.path={warm}", f"model.threads={threads}", *task_sets(cfg, task), "sft.steps=0",
             f"rollout.num_generations={cfg.num_generations}", f"rollout.prompts_per_step={cfg.prompts_per_step}",
             f"optim.lr={cfg.lr}", "optim.micro_batch_size=128", "train.steps=100000",
             f"train.eval_every={cfg.eval_every}", "train.eval_samples=0", "train.log_samples=0",
-            "train.checkpoint_every=0", *arm_lines(arm)]
-    curve = []
+            "train.checkpoint_every=0", *lines]
+    curve, evals, trace = [], [], []
     start = time.perf_counter()
+
+    def on_eval(step, result):
+        curve.append((t.state.generated_tokens, result.accuracy))
+        evals.append(correct_string(result.correct))
+
+    def on_step(step, metrics):
+        trace.append([metrics.get("tokens/generated"), metrics.get("reward/mean")])
+        status.update(f"{task}: {arm}, seed {seed}, {t.state.generated_tokens:,}/{tokens:,} tokens")
+
     try:
         with console.status(f"{task}: {arm}, seed {seed}") as status, Trainer(load_run_config(None, sets)) as t:
             t.prepare()
-            summary = t.fit(Until(generated_tokens=tokens),
-                            on_eval=lambda step, r: curve.append((t.state.generated_tokens, r.accuracy)),
-                            on_step=lambda step, m: status.update(
-                                f"{task}: {arm}, seed {seed}, {t.state.generated_tokens:,}/{tokens:,} tokens"))
+            summary = t.fit(Until(generated_tokens=tokens), on_eval=on_eval, on_step=on_step)
     except ConfigError as e:
         return record | {"refused": str(e)}
-    return record | {"curve": curve, "final_accuracy": summary["final_accuracy"],
-                     "initial_accuracy": summary["initial_accuracy"], "generated_tokens": summary["generated_tokens"],
-                     "steps": summary["steps"], "wall_seconds": time.perf_counter() - start}
+    return record | {"curve": curve, "final_accuracy": summary["final_accuracy"], "correct": evals[-1],
+                     "eval_correct": evals, "trace": trace, "initial_accuracy": summary["initial_accuracy"],
+                     "generated_tokens": summary["generated_tokens"], "steps": summary["steps"],
+                     "wall_seconds": time.perf_counter() - start}
 
 
-def bootstrap_ci(diffs: list[float], resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile interval of the mean of ``diffs`` over resamples with replacement.
+def _effect(rs: dict[int, dict], base: dict[int, dict], seeds: list[int]) -> dict:
+    """The paired effect on per-prompt correctness (records of an older ablation without it: on the
+    per-seed accuracies alone, the same t rule)."""
+    if all("correct" in rs[s] and "correct" in base[s] for s in seeds):
+        e = paired_effect({s: rs[s]["correct"] for s in seeds}, {s: base[s]["correct"] for s in seeds})
+        return {k: v for k, v in e.as_dict().items() if k != "verdict"} | {"verdict": e.verdict}
+    diffs = [rs[s]["final_accuracy"] - base[s]["final_accuracy"] for s in seeds]
+    mean, ci, p = seed_test(diffs)
+    return {"difference": mean, "ci95": None if ci is None else list(ci), "p": p, "seed_differences": diffs,
+            "seeds": len(seeds), "pairs": None, "prompt_se": None, "verdict": verdict(ci, p)}
 
-    >>> bootstrap_ci([0.1, 0.1, 0.1])
-    (0.1, 0.1)
-    """
-    d = np.asarray(diffs, dtype=np.float64)
-    means = d[np.random.default_rng(seed).integers(0, len(d), (resamples, len(d)))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return round(float(lo), 12), round(float(hi), 12)
 
-
-def verdict(lo: float, hi: float) -> str:
-    if lo > 0:
-        return "better"
-    if hi < 0:
-        return "worse"
-    return "no detectable difference"
+def _fingerprint(record: dict) -> str | None:
+    """What makes two runs the same computation: every step's trace and every eval's correctness per prompt."""
+    if "trace" not in record:
+        return None
+    return json.dumps([record["trace"], record["eval_correct"]])
 
 
 def summarize(runs: list[dict], arms: list[str]) -> dict[str, dict]:
-    """Per arm: accuracy at the budget, paired difference from the baseline with its 95% bootstrap
-    interval and verdict, tokens to the baseline's final accuracy, wall time (or the refusal)."""
+    """Per arm: accuracy at the budget; the paired effect against its baseline (``rollwise.bench.stats``);
+    the first step its runs depart from the baseline's; tokens to the baseline's final accuracy; wall
+    time (or the refusal). Arms identical on every seed share one row, keyed by the first, with ``ids``."""
     by_arm: dict[str, dict[int, dict]] = {}
     for r in runs:
         by_arm.setdefault(r["arm"], {})[r["seed"]] = r
-    base = by_arm.get(BASELINE, {})
     table = {}
     for arm in arms:
         rs = by_arm.get(arm, {})
@@ -212,75 +297,45 @@ def summarize(runs: list[dict], arms: list[str]) -> dict[str, dict]:
             continue
         refused = next((r["refused"] for r in rs.values() if "refused" in r), None)
         if refused is not None:
-            table[arm] = {"lines": arm_lines(arm), "refused": refused}
+            table[arm] = {"ids": [arm], "lines": arm_lines(arm), "refused": refused}
             continue
-        seeds = sorted(s for s in rs if s in base and "refused" not in base[s])
-        acc = [rs[s]["final_accuracy"] for s in sorted(rs)]
-        diffs = [rs[s]["final_accuracy"] - base[s]["final_accuracy"] for s in seeds]
+        base = {s: r for s, r in by_arm.get(baseline_of(arm), {}).items() if "refused" not in r}
+        seeds = sorted(s for s in rs if s in base)
         ratios = []
         for s in seeds:
             target = base[s]["final_accuracy"]
             mine, theirs = tokens_to_reach(rs[s]["curve"], target), tokens_to_reach(base[s]["curve"], target)
             if mine is not None and theirs:
                 ratios.append(mine / theirs)
-        row = {"lines": arm_lines(arm), "seeds": len(rs), "accuracy_mean": statistics.mean(acc), "accuracies": acc,
+        departs = [departure_step(rs[s]["trace"], base[s]["trace"]) for s in seeds if "trace" in rs[s]]
+        row = {"ids": [arm], "lines": arm_lines(arm), "seeds": len(rs),
+               "accuracies": [rs[s]["final_accuracy"] for s in sorted(rs)],
+               "accuracy_mean": statistics.mean(rs[s]["final_accuracy"] for s in rs),
+               "steps_mean": statistics.mean(r.get("steps", 0) for r in rs.values()),
                "wall_seconds": statistics.mean(r["wall_seconds"] for r in rs.values()),
-               "tokens_ratio": statistics.mean(ratios) if ratios else None, "reached": len(ratios)}
-        if diffs:
-            lo, hi = bootstrap_ci(diffs)
-            row |= {"difference": statistics.mean(diffs), "ci95": [lo, hi],
-                    "verdict": "baseline" if arm == BASELINE else verdict(lo, hi)}
+               "tokens_ratio": statistics.mean(ratios) if ratios else None, "reached": len(ratios),
+               "departs_at": min((d for d in departs if d is not None), default=None)}
+        if seeds and arm != baseline_of(arm):
+            row |= _effect(rs, base, seeds)
+        elif seeds:
+            row |= {"difference": 0.0, "verdict": "baseline"}
         table[arm] = row
-    return table
+    return _merge_identical(table, by_arm)
 
 
-def _delta(row: dict) -> str:
-    """Δ vs the baseline in points with its interval, as the ledgers print it."""
-    if "difference" not in row:
-        return "—"
-    lo, hi = row["ci95"]
-    return f"{row['difference'] * 100:+.1f} [{lo * 100:+.1f}, {hi * 100:+.1f}]"
-
-
-def _ratio(row: dict) -> str:
-    return "—" if row["tokens_ratio"] is None else f"{row['tokens_ratio']:.2f}×"
-
-
-def to_markdown(ledger: dict) -> str:
-    lines = [f"Command: `{ledger['command']}`", ""]
-    for task, table in ledger["tasks"].items():
-        lines += [f"### {task}", "", "| arm | config line | accuracy | Δ vs baseline [95% CI] | tokens to baseline's "
-                  "final | wall s | verdict |", "|---|---|---|---|---|---|---|"]
-        for arm, row in table.items():
-            line = ", ".join(f"`{x}`" for x in row["lines"]) or "—"
-            if "refused" in row:
-                lines.append(f"| {arm} | {line} | — | — | — | — | refused: {row['refused']} |")
-                continue
-            ratio = _ratio(row) + ("" if row["tokens_ratio"] is None else f" ({row['reached']}/{row['seeds']})")
-            lines.append(f"| {arm} | {line} | {row['accuracy_mean']:.1%} | {_delta(row)} | {ratio} | "
-                         f"{row['wall_seconds']:.0f} | {row.get('verdict', '—')} |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def write_ledger(ledger: dict, out: Path) -> None:
-    (out / "ledger.json").write_text(json.dumps(ledger, indent=2))
-    md = to_markdown(ledger)
-    (out / "ledger.md").write_text(md + "\n")
-    rows = []
-    for task, table in ledger["tasks"].items():
-        rows.append(f"<h2>{html.escape(task)}</h2><table><tr><th>arm</th><th>accuracy</th><th>Δ [95% CI]</th>"
-                    "<th>tokens to baseline's final</th><th>wall s</th><th>verdict</th></tr>")
-        for arm, row in table.items():
-            if "refused" in row:
-                cells = [arm, "—", "—", "—", "—", "refused: " + row["refused"]]
-            else:
-                cells = [arm, f"{row['accuracy_mean']:.1%}", _delta(row), _ratio(row), f"{row['wall_seconds']:.0f}",
-                         row.get("verdict", "—")]
-            rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
-        rows.append("</table>")
-    page = ("<!doctype html><html><head><meta charset='utf-8'><title>rollwise ablation ledger</title><style>"
-            "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
-            "padding:4px 8px}</style></head><body><h1>Ablation ledger</h1><p>" + html.escape(ledger["command"])
-            + "</p>" + "".join(rows) + "</body></html>")
-    (out / "ledger.html").write_text(page)
+def _merge_identical(table: dict[str, dict], by_arm: dict[str, dict[int, dict]]) -> dict[str, dict]:
+    """One row per group of arms whose runs are identical on every seed, kept under its first baseline
+    (an arm identical to the baseline is the baseline) or else its first arm, listing every id."""
+    prints = {arm: {s: _fingerprint(r) for s, r in by_arm[arm].items()} for arm, row in table.items()
+              if "refused" not in row and all(_fingerprint(r) is not None for r in by_arm[arm].values())}
+    merged = dict(table)
+    for group in identical_groups(prints):
+        if len(group) < 2:
+            continue
+        keep = next((a for a in group if a == baseline_of(a)), group[0])  # a baseline keeps its row
+        ids = [keep, *(a for a in group if a != keep)]
+        merged[keep] = table[keep] | {"ids": ids, "lines": list(dict.fromkeys(x for a in ids for x in arm_lines(a)))}
+        for arm in group:
+            if arm != keep:
+                del merged[arm]
+    return merged

@@ -220,18 +220,19 @@ def paired_effect(arm: Mapping[Hashable, object], baseline: Mapping[Hashable, ob
 
 # -- trajectories ----------------------------------------------------------------------------
 def departure_step(run: Sequence, baseline: Sequence) -> int | None:
-    """The first step (1-based) whose record differs between two runs' per-step traces, or None
-    when they agree on every step both ran (the arm had no occasion to differ).
+    """The first step (1-based) whose record differs between two runs' per-step traces — a step
+    only one of them ran counts as differing — or None when the traces are equal (the arm had no
+    occasion to differ).
 
     >>> departure_step([[10, .5], [12, .5], [9, .25]], [[10, .5], [11, .5], [9, .25]])
     2
-    >>> departure_step([[10, .5]], [[10, .5], [11, .5]]) is None
-    True
+    >>> departure_step([[10, .5]], [[10, .5], [11, .5]]), departure_step([[10, .5]], [[10, .5]])
+    (2, None)
     """
     for i, (a, b) in enumerate(zip(run, baseline), start=1):
         if list(a) != list(b):
             return i
-    return None
+    return None if len(run) == len(baseline) else min(len(run), len(baseline)) + 1
 
 
 def identical_groups(fingerprints: Mapping[str, Mapping[Hashable, object]]) -> list[list[str]]:

@@ -20,6 +20,10 @@ class EvalResult:
     mean_length: float
     samples: list[dict]  # a few greedy rollouts with their rewards, for samples.jsonl
     maj_at: dict[int, float] = field(default_factory=dict)  # k -> maj@k: majority vote of the k = `samples` answers
+    # greedy correctness per prompt, in eval-set order, and the prompts' ids: a bench pairs two runs
+    # prompt by prompt on one eval set (rollwise.bench.stats)
+    correct: list[bool] = field(default_factory=list)
+    prompt_ids: list[str] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
         out = {"eval/accuracy": self.accuracy, "eval/mean_length": self.mean_length}
@@ -64,4 +68,5 @@ def evaluate(
          "reasons": g.rollouts[0].reward_reasons, "answer": g.prompt.answer}
         for g in groups[:keep]
     ]
-    return EvalResult(sum(correct) / len(correct), pass_at, sum(lengths) / len(lengths), kept, maj_at)
+    return EvalResult(sum(correct) / len(correct), pass_at, sum(lengths) / len(lengths), kept, maj_at,
+                      [bool(c) for c in correct], [p.id for p in prompts])

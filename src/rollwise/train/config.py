@@ -127,6 +127,9 @@ class RunConfig(StrictModel):
     name: str = Field("run", description="run directory name under output_dir")
     output_dir: str = Field("runs", description="where run directories go")
     seed: int = Field(0, description="fixes model init, data order and sampling")
+    sampling_seed: int | None = Field(None, description="seed of training-rollout sampling alone (null = seed): "
+                                      "another draw of the same run — same init, data order and eval set (the "
+                                      "benches' noise-floor row)")
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=ArithConfig)
     rewards: list[RewardConfig] | None = Field(None, description="reward functions; null = the task's own")

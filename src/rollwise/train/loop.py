@@ -386,7 +386,8 @@ class Trainer:
         return engine.stats.prefix_cache_tokens
 
     def step_seed(self, step: int | None = None) -> int:
-        return self.cfg.seed * 1_000_003 + (self.state.step if step is None else step)
+        seed = self.cfg.seed if self.cfg.sampling_seed is None else self.cfg.sampling_seed
+        return seed * 1_000_003 + (self.state.step if step is None else step)
 
     # -- around the step --------------------------------------------------------------------
     def evaluate(self) -> EvalResult:
@@ -421,7 +422,8 @@ class Trainer:
         else:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
             # a fresh run in an existing directory starts over: nothing stale may be resumed later
-            for stale in ("metrics.jsonl", "samples.jsonl", "trees.jsonl", "summary.json", "report.html"):
+            for stale in ("metrics.jsonl", "samples.jsonl", "trees.jsonl", "evals.jsonl", "summary.json",
+                          "report.html"):
                 (self.run_dir / stale).unlink(missing_ok=True)
             for stale in ("checkpoints", "init_model"):
                 shutil.rmtree(self.run_dir / stale, ignore_errors=True)
@@ -464,6 +466,7 @@ class Trainer:
         self.state.last_accuracy = result.accuracy
         self.log.log(self.state.step, result.metrics())
         self.log.log_samples(self.state.step, result.samples)
+        self.log.log_eval(self.state.step, result.prompt_ids, result.correct)
         if self.last_tree is not None:  # tree strategies: one training group's tree per eval
             self.log.log_tree(self.state.step, tree_record(self.last_tree, self.decode))
             self.last_tree = None

@@ -1,5 +1,6 @@
-"""Run-directory logging: ``metrics.jsonl``, ``samples.jsonl``, ``trees.jsonl``, and the loggers of
-``train.report_to`` (TensorBoard, Weights & Biases) with the same metric names.
+"""Run-directory logging: ``metrics.jsonl``, ``samples.jsonl``, ``trees.jsonl``, ``evals.jsonl``
+(each eval's greedy correctness per prompt), and the loggers of ``train.report_to`` (TensorBoard,
+Weights & Biases) with the same metric names.
 
 A resumed run continues the files of the run it resumes: every line logged after the
 checkpoint's step is dropped first (it will be produced again), so the files of a run killed
@@ -56,8 +57,9 @@ class MetricsLog:
         self.path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
         self.trees_path = run_dir / "trees.jsonl"
+        self.evals_path = run_dir / "evals.jsonl"
         if resume_from_step is not None:
-            for path in (self.path, self.samples_path, self.trees_path):
+            for path in (self.path, self.samples_path, self.trees_path, self.evals_path):
                 _truncate_after(path, resume_from_step)
         check_loggers(list(report_to))
         self._tb = self._wandb = None
@@ -84,6 +86,13 @@ class MetricsLog:
         with self.samples_path.open("a") as f:
             for s in samples:
                 f.write(json.dumps({"step": step, **s}) + "\n")
+
+    def log_eval(self, step: int, prompt_ids: list[str], correct: list[bool]) -> None:
+        """One eval's greedy correctness per prompt ('0'/'1' per prompt, in ``prompt_ids`` order): what a
+        bench pairs prompt by prompt across runs (``rollwise.bench.stats``)."""
+        with self.evals_path.open("a") as f:
+            f.write(json.dumps({"step": step, "correct": "".join("1" if c else "0" for c in correct),
+                                "prompt_ids": list(prompt_ids)}) + "\n")
 
     def log_tree(self, step: int, tree: dict) -> None:
         """One rollout tree (``tree_record``) for the run report's tree view."""

@@ -1,0 +1,114 @@
+"""The ablation ledger's pages: ``ledger.md`` and ``ledger.html`` from ``bench ablate``'s summary.
+
+One table per task and regime (the ledger's own setting first, then each off-policy regime
+against its own baseline); the noise-floor row's verdict is repeated above the tables, since
+the rule is only as good as that row.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+RULE = ("Δ: the arm's greedy accuracy minus its baseline's, in points, paired by seed and by prompt (the same "
+        "eval prompts on a seed); [95% CI]: the paired t interval over seeds (rollwise.bench.stats); verdict "
+        "\"better\"/\"worse\" only when it excludes 0 (p < 0.05), else \"no detectable difference\". n: seeds × "
+        "prompts per seed. Departs at step: the first step at which the arm's runs sampled other tokens or "
+        "rewards than the baseline's on the same seed (earliest over seeds; \"never\": identical for the whole "
+        "budget — the method had no occasion to act). Ids joined by ≡: runs identical on every seed, one "
+        "computation at these settings, reported once. The noise floor is the baseline again with other "
+        "sampling seeds: it reads \"no detectable difference\" in 95% of ledgers; when it does not, distrust "
+        "the verdicts.")
+COLUMNS = ("arm", "config line", "accuracy", "Δ vs baseline [95% CI]", "p", "n", "departs at step",
+           "tokens to baseline's final", "wall s", "verdict")
+
+
+def regime_of(arm: str) -> str | None:
+    return arm.partition("@")[2] or None
+
+
+def delta(row: dict) -> str:
+    """Δ vs the baseline in points with its interval, as the ledgers print it."""
+    if row.get("verdict") == "baseline":
+        return "—"
+    if "difference" not in row:
+        return "—"
+    if row.get("ci95") is None:
+        return f"{row['difference'] * 100:+.1f} [—]"
+    lo, hi = row["ci95"]
+    return f"{row['difference'] * 100:+.1f} [{lo * 100:+.1f}, {hi * 100:+.1f}]"
+
+
+def cells(arm: str, row: dict) -> list[str]:
+    ids = " ≡ ".join(row.get("ids", [arm]))
+    line = ", ".join(f"`{x}`" for x in row["lines"]) or "—"
+    if "refused" in row:
+        return [ids, line, *["—"] * 7, f"refused: {row['refused']}"]
+    ratio = "—" if row["tokens_ratio"] is None else f"{row['tokens_ratio']:.2f}× ({row['reached']}/{row['seeds']})"
+    p = "—" if row.get("p") is None else (f"{row['p']:.3f}" if row["p"] >= 0.001 else "<0.001")
+    n = "—" if not row.get("pairs") else f"{row['seeds']}×{row['pairs'] // row['seeds']}"
+    baseline = row.get("verdict") == "baseline"
+    departs = "—" if baseline and len(row.get("ids", [])) < 2 else (
+        "never" if row.get("departs_at") is None else str(row["departs_at"]))
+    return [ids, line, f"{row['accuracy_mean']:.1%}", delta(row), p, n, departs, ratio, f"{row['wall_seconds']:.0f}",
+            row.get("verdict", "—")]
+
+
+def sections(table: dict[str, dict]) -> list[tuple[str | None, list[tuple[str, dict]]]]:
+    """The rows of one task grouped by regime (the ledger's setting first), in table order."""
+    out: dict[str | None, list] = {}
+    for arm, row in table.items():
+        out.setdefault(regime_of(arm), []).append((arm, row))
+    return sorted(out.items(), key=lambda kv: kv[0] is not None)
+
+
+def noise_line(table: dict[str, dict]) -> str | None:
+    row = table.get("noise_floor")
+    if row is None or "difference" not in row:
+        return None
+    return f"Noise floor (the baseline with other sampling seeds): {delta(row)}, {row['verdict']}."
+
+
+def to_markdown(ledger: dict) -> str:
+    lines = [f"Command: `{ledger['command']}`", "", RULE, ""]
+    for task, table in ledger["tasks"].items():
+        lines += [f"### {task}", ""]
+        if (noise := noise_line(table)) is not None:
+            lines += [noise, ""]
+        for regime, rows in sections(table):
+            if regime is not None:
+                lines += [f"#### {task}, off-policy regime `{regime}` (Δ against `baseline@{regime}`)", ""]
+            lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+            lines += ["| " + " | ".join(cells(arm, row)) + " |" for arm, row in rows]
+            lines.append("")
+    return "\n".join(lines)
+
+
+def to_html(ledger: dict) -> str:
+    parts = []
+    for task, table in ledger["tasks"].items():
+        parts.append(f"<h2>{html.escape(task)}</h2>")
+        if (noise := noise_line(table)) is not None:
+            parts.append(f"<p>{html.escape(noise)}</p>")
+        for regime, rows in sections(table):
+            if regime is not None:
+                parts.append(f"<h3>off-policy regime {html.escape(regime)}</h3>")
+            parts.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS) + "</tr>")
+            for arm, row in rows:
+                parts.append("<tr>" + "".join(f"<td>{html.escape(c.replace('`', ''))}</td>" for c in cells(arm, row))
+                             + "</tr>")
+            parts.append("</table>")
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>rollwise ablation ledger</title><style>"
+            "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+            "padding:4px 8px}</style></head><body><h1>Ablation ledger</h1><p>" + html.escape(ledger["command"])
+            + "</p><p>" + html.escape(RULE) + "</p>" + "".join(parts) + "</body></html>")
+
+
+def write_ledger(ledger: dict, out: Path) -> str:
+    """Write ``ledger.json``, ``ledger.md`` and ``ledger.html`` into ``out``; returns the markdown."""
+    (out / "ledger.json").write_text(json.dumps(ledger, indent=2))
+    md = to_markdown(ledger)
+    (out / "ledger.md").write_text(md + "\n")
+    (out / "ledger.html").write_text(to_html(ledger))
+    return md

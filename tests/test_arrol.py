@@ -4,7 +4,8 @@ pruned rollouts are in no group; the probe learns a separable signal and only th
 
 import torch
 
-from rollwise.control.arrol import Arrol, ArrolConfig, auc, balanced_keep
+from rollwise.control import ControlConfig, build_controller
+from rollwise.control.arrol import Arrol, ArrolConfig, auc, balanced_keep, pruning_point
 from rollwise.engine.engine import Request
 from rollwise.engine.sampling import SamplingParams
 from rollwise.engine.slots import SlotEngine
@@ -73,6 +74,34 @@ def test_pruned_sampler_keeps_g_of_2g_and_leaves_no_tokens(tiny):
     assert engine.stats.decode_tokens == kept_tokens + metrics["arrol/pruned_tokens"]
     assert engine.stats.aborted_tokens <= metrics["arrol/pruned_tokens"]
     assert len(sampler.features) == 10 and all(f.shape == (model.config.hidden_size,) for f in sampler.features.values())
+
+
+def test_the_pruning_point_is_a_fraction_of_the_length_budget():
+    assert pruning_point(0.25, 32) == 8 and pruning_point(0.25, 8) == 2 and pruning_point(0.25, 2048) == 512
+    assert pruning_point(0.01, 8) == 1  # never before the first token
+    for budget, point in ((16, 4), (512, 128)):  # the trainer's controller takes rollout.max_new_tokens
+        rollout = type("R", (), {"num_generations": 4, "strategy": "group", "engine": "auto",
+                                 "max_new_tokens": budget})()
+        assert build_controller(ControlConfig(method="arrol"), rollout, seed=0).segment_len == point
+
+
+def test_a_short_task_prunes_before_its_rollouts_finish(tiny):
+    """The bug of issue 22: a fixed 8-token pruning point on an 8-token task is the end of every
+    rollout, so all 2G ran to completion and pruning saved nothing. At a quarter of the length
+    budget the pruned rollouts are aborted after 2 tokens: fewer tokens sampled for the same G."""
+    model, tok = tiny
+    prompts = [Prompt(f"p{i}", t, token_ids=tok(t)["input_ids"]) for i, t in enumerate(["1+2=", "35+7=", "9-4="])]
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=(tok.eos_token_id,))
+    sampled = {}
+    for name, point in (("fixed 8", 8), ("quarter", Arrol(ArrolConfig(), max_new_tokens=8).segment_len)):
+        engine = SlotEngine(model, pad_token_id=tok.pad_token_id, max_batch_size=64, seed=0)
+        sampler = PrunedSampler(params, lambda ids: tok.decode(ids), ByNorm(), over_provision=2, segment_len=point)
+        groups, metrics = sampler.generate(engine, prompts, [4, 4, 4], seed=0)
+        assert [len(g.rollouts) for g in groups] == [4, 4, 4] and metrics["arrol/pruned_rollouts"] == 12
+        sampled[name] = (engine.stats.decode_tokens, engine.stats.aborted_tokens)
+    assert sampled["fixed 8"][1] == 0  # every pruned rollout had already finished: its tokens were wasted
+    assert 0 < sampled["quarter"][1] <= 12 * 2  # aborted at the pruning point, 2 tokens each
+    assert sampled["quarter"][0] < sampled["fixed 8"][0]
 
 
 def _rollout(correct):

@@ -438,7 +438,7 @@ def test_none_is_the_plain_loop():
        st.integers(1, 12), st.integers(2, 16), st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=12))
 def test_every_allocate_spends_exactly_the_budget(method, n_prompts, g, history):
     """Whatever the statistics, allocate() hands out prompts x G rollouts (xrpo: with extend, above)."""
-    rollout = type("R", (), {"num_generations": g, "strategy": "group", "engine": "auto"})()
+    rollout = type("R", (), {"num_generations": g, "strategy": "group", "engine": "auto", "max_new_tokens": 32})()
     c = build_controller(ControlConfig(method=method, gdro=GdroConfig(min_rollouts=2)), rollout, seed=0)
     stats = PromptStats()
     for i, (n, s) in enumerate(history):

@@ -136,7 +136,7 @@ def test_every_controller_trains_with_every_strategy(tmp_path, warm, method, str
             assert sum(m["control/extend_rollouts"] for m in ms) > 0  # some prompt was hard
         if method == "arrol":  # the probe was fit on every scored rollout of both steps
             assert ms[1]["control/probe_examples"] == 2 * P * G and t.controller.w is not None
-            assert spent == 2 * P * G or ms[1]["arrol/pruning"] == 1
+            assert ms[0]["arrol/pruning"] == 0 and spent == 2 * P * G  # no probe yet at step 0; survivors only
         if method == "dynamic_sampling":
             dropped = sum(m["control/dropped_groups"] for m in ms)
             assert dropped > 0  # some group came back flat and was dropped
@@ -144,6 +144,23 @@ def test_every_controller_trains_with_every_strategy(tmp_path, warm, method, str
             assert spent == G * generated_groups and generated_groups > 2 * P  # refills were rolled out
             for m in ms:  # trained on informative groups only, unless the cap was hit
                 assert m["groups/zero_signal"] == 0 or m["control/cap_hit"] == 1
+
+
+def test_arrol_prunes_once_its_probe_is_ready(tmp_path, warm):
+    """Once the probe passes its AUC bar the next step starts 2G per prompt and keeps G (unlike
+    control.method=none, which samples G and keeps them all); the pruned rollouts stop at the
+    pruning point, a quarter of rollout.max_new_tokens (24 -> 6 tokens), and leave nothing behind."""
+    with trainer_for(tmp_path, warm, "control.method=arrol", *CASES["arrol"]) as t:
+        first = t.step()
+        assert first["arrol/pruning"] == 0 and t.controller.w is not None  # fit on step 0's 16 rollouts
+        t.controller.held_out_auc = 1.0  # as if the held-out rollouts had been ranked perfectly
+        assert t.controller.ready() and t.controller.segment_len == 6
+        aborted = t.engine.stats.aborted_tokens
+        m = t.step()
+        assert m["arrol/pruning"] == 1 and m["arrol/pruned_rollouts"] == P * G  # 2G started, G kept, per prompt
+        assert attempts(t) == 2 * P * G  # only survivors were scored and trained
+        assert 0 < t.engine.stats.aborted_tokens - aborted <= m["arrol/pruned_tokens"]
+        assert m["arrol/pruned_tokens"] <= P * G * 6  # each cut at the pruning point, not run to 24 tokens
 
 
 @pytest.mark.parametrize("strategy", ["group", "tree"])
@@ -156,9 +173,9 @@ def test_extra_rounds_reuse_the_cached_prompt_prefix(tmp_path, warm, method, str
         rounds, run, prefill = [], t.generate_and_score, t.engine.forward.prefill
         prefilled = []  # prompt tokens run through a model prefill, per call
 
-        def counting_prefill(kv, ids, lens, row0):
+        def counting_prefill(kv, ids, lens, row0, start=0):
             prefilled.append(sum(lens))
-            return prefill(kv, ids, lens, row0)
+            return prefill(kv, ids, lens, row0, start)
 
         def spy(prompts, budgets, clock, salt=0, **kw):
             stats, before = t.engine.stats, (len(prefilled), t.engine.stats.prefix_cache_tokens)

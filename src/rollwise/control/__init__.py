@@ -108,5 +108,5 @@ def build_controller(control: ControlConfig, rollout, seed: int, embed=None) -> 
     if m == "difficulty_select":
         return DifficultySelect(control.difficulty_select, embed=embed, **kw)
     if m == "arrol":
-        return Arrol(control.arrol, **kw)
+        return Arrol(control.arrol, max_new_tokens=rollout.max_new_tokens, **kw)
     return Controller(**kw)

@@ -3,9 +3,10 @@
 A small quality head, trained online on the policy's own hidden states, predicts from a
 partial rollout whether it will be correct. Generation starts 2G rollouts per prompt
 (``generate/pruned.py``); once every rollout of a prompt has sampled ``segment_len`` tokens
-(or finished), the head scores them and the prompt keeps the ⌈G/2⌉ most and the ⌊G/2⌋ least
-likely to succeed (``balanced_keep``) — survivors balanced between correct and incorrect, the
-group that carries most signal — and the engine aborts the rest (``SlotEngine.abort``;
+(or finished), ``prune_at`` (¼) of the length budget ``rollout.max_new_tokens``, the head
+scores them and the prompt keeps the ⌈G/2⌉ most and the ⌊G/2⌋ least likely to succeed
+(``balanced_keep``) — survivors balanced between correct and incorrect, the group that
+carries most signal — and the engine aborts the rest (``SlotEngine.abort``;
 ``engine.stats.aborted_tokens``). Pruned rollouts leave no tokens behind.
 
 The head is a logistic probe on the final hidden state (the normed state the LM head reads)
@@ -14,8 +15,10 @@ at the pruning point, trained with BCE on the scored rollouts of recent steps (a
 ``min_auc`` (.6); until then each prompt samples just G and nothing is pruned.
 
 Departures from the paper:
-- The pruning point is one segment of ``segment_len`` tokens (8; the paper prunes every 512
-  tokens of long reasoning traces), once per prompt.
+- One pruning point per prompt, at ``prune_at`` × ``rollout.max_new_tokens`` tokens (the paper
+  prunes every 512 tokens of long reasoning traces). It scales with the length budget, so on a
+  short task the pruned rollouts stop early enough to save tokens (a fixed 8 tokens was past
+  the end of most completions of an 8–16-token task: everything finished, nothing was saved).
 - Rollouts that finish before the pruning point take part in the choice with their last
   hidden state; pruned finished rollouts are dropped (their tokens were sampled: wasted).
 - The head learns only from survivors (pruned rollouts have no label).
@@ -37,12 +40,21 @@ from rollwise.types import RolloutGroup
 
 class ArrolConfig(StrictModel):
     over_provision: int = Field(2, ge=1, description="rollouts started per kept rollout while pruning (2G for G)")
-    segment_len: int = Field(8, ge=1, description="tokens sampled before a prompt's rollouts are pruned")
+    prune_at: float = Field(0.25, gt=0, le=1, description="prune after this fraction of rollout.max_new_tokens")
     min_auc: float = Field(0.6, ge=0.5, le=1, description="prune only once the probe's held-out AUC exceeds this")
     min_examples: int = Field(64, ge=10, description="scored rollouts the probe needs before its AUC counts")
     buffer: int = Field(4096, ge=10, description="recent (hidden state, correct) examples the probe trains on")
     probe_steps: int = Field(100, ge=1, description="Adam steps per refit of the probe")
     probe_lr: float = Field(0.05, gt=0, description="probe learning rate")
+
+
+def pruning_point(prune_at: float, max_new_tokens: int) -> int:
+    """Tokens sampled before a prompt's rollouts are pruned: ``prune_at`` of the length budget, at least 1.
+
+    >>> pruning_point(0.25, 32), pruning_point(0.25, 8), pruning_point(0.25, 4096)
+    (8, 2, 1024)
+    """
+    return max(1, round(prune_at * max_new_tokens))
 
 
 def balanced_keep(p: list[float], g: int) -> list[int]:
@@ -78,10 +90,11 @@ class Arrol(Controller):
     name = "arrol"
     prunes = True  # the trainer generates with generate/pruned.py, this controller as its pruner
 
-    def __init__(self, cfg: ArrolConfig, **kw) -> None:
+    def __init__(self, cfg: ArrolConfig, max_new_tokens: int = 128, **kw) -> None:
         super().__init__(**kw)
         self.cfg = cfg
-        self.over_provision, self.segment_len = cfg.over_provision, cfg.segment_len  # read by generate/pruned.py
+        # read by generate/pruned.py; max_new_tokens is rollout.max_new_tokens (build_controller passes it)
+        self.over_provision, self.segment_len = cfg.over_provision, pruning_point(cfg.prune_at, max_new_tokens)
         self.features: dict[int, torch.Tensor] = {}  # the generator's: id(rollout) -> hidden state [D]
         self.x: torch.Tensor | None = None  # [N, D] buffer of examples
         self.y: torch.Tensor | None = None  # [N] 1 = correct

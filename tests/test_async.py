@@ -81,8 +81,10 @@ def test_staleness_is_bounded_by_construction_and_nothing_is_dropped(tmp_path, w
 def test_async_learns_like_sync_and_differs_from_it(tmp_path, warm):
     """k = 1 trains on other data than sync (sampled one version behind) — the mode is not a no-op."""
     common = ["train.steps=3", "train.eval_every=0", "train.checkpoint_every=0"]
-    sync, w_sync = run(tmp_path, warm, "sync", *common)
+    # the objective async k >= 1 defaults to (tis_mode=token_truncate, the decoupled PPO weight), set in sync too
+    sync, w_sync = run(tmp_path, warm, "sync", *common, "objective.tis_mode=token_truncate")
     one, w_one = run(tmp_path, warm, "one", *common, *ASYNC, "train.max_staleness=1")
+    assert one[1]["tis/truncated_tokens"] >= 0 and "tis/masked_sequences" not in one[1]  # the default, not the mask
     assert comparable(sync[0]) | {"staleness/max": 0} == comparable(one[0]) | {"staleness/max": 0}  # step 0: same
     assert not all(torch.equal(w_sync[k], w_one[k]) for k in w_sync)
     assert one[1]["staleness/max"] == 1 and one[1]["tis/weight_mean"] > 0

@@ -130,6 +130,10 @@ def test_every_controller_trains_with_every_strategy(tmp_path, warm, method, str
             assert ms[1]["control/pool"] > P and len(t.stats) >= 2 * P
         if method == "difficulty_select":
             assert "control/estimated_pass_rate" in ms[1] and len(t.controller.reference) == 2 * P
+            # step 1 embedded 4P candidates + P references; the budget counts those tokens with the sampled ones
+            assert ms[0]["control/embed_tokens"] == 0 and ms[1]["control/embed_tokens"] > 4 * P
+            assert t.state.generated_tokens == t.engine.stats.decode_tokens + ms[1]["control/embed_tokens"]
+            assert ms[1]["tokens/generated"] > ms[1]["control/embed_tokens"]
         if method == "dars":
             assert all("control/extend_rounds" in m for m in ms)
             assert spent == 2 * P * G + sum(m["control/extend_rollouts"] for m in ms)

@@ -564,3 +564,38 @@ def test_kept_prefixes_are_forgotten_with_new_weights_and_bounded(tiny, prompts)
     assert engine.stats.prefix_cache_hits == 0
     with pytest.raises(ValueError, match="keep_prefixes"):
         engine.keep_prefixes(-1)
+
+
+# -- a prefix shared by different prompts (a chat template's system prompt) -------------------
+SYSTEM = "You are a careful calculator. Answer with the number only.\n"
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_common_prefix_of_different_prompts_is_prefilled_once(tiny, arch):
+    model, tok = tiny
+    if arch == "mistral":  # a sliding window shorter than the shared prefix: the suffix must not see past it
+        torch.manual_seed(0)
+        model = redraw(MistralForCausalLM(small_config(MistralConfig, sliding_window=6)))
+    prompts = [tok(SYSTEM + t)["input_ids"] for t in ("12+3=", "99*9=", "7-2=", "hello")]
+    common = len(tok(SYSTEM)["input_ids"])
+    assert common >= 16 and len({tuple(p) for p in prompts}) == len(prompts)
+    reqs = [Request(p, SamplingParams(temperature=1.0, max_new_tokens=12, seed=i)) for i, p in enumerate(prompts)]
+    shared = Recording(model, pad_token_id=tok.pad_token_id, share_prefix_min=16)
+    plain = Recording(model, pad_token_id=tok.pad_token_id, share_prefix_min=0)
+    outs_shared, outs_plain = shared.generate(reqs), plain.generate(reqs)
+    # the prefix was computed once and copied to the three other rows; the plain engine computed it 4 times
+    assert shared.stats.prefix_tokens_shared >= 3 * common and plain.stats.prefix_tokens_shared == 0
+    assert plain.stats.prefill_tokens - shared.stats.prefill_tokens == shared.stats.prefix_tokens_shared
+    for a, b in zip(outs_shared, outs_plain):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=ATOL, rtol=0)
+    for h in shared.seen:  # every distribution sampled from, the first one (after the prefill) included
+        torch.testing.assert_close(torch.stack(shared.seen[h]), torch.stack(plain.seen[h]), atol=ATOL, rtol=0)
+
+
+def test_common_prefix_shorter_than_the_minimum_is_not_shared(tiny):
+    _, tok = tiny
+    prompts = [tok(t)["input_ids"] for t in ("12+3=", "12+4=")]
+    engine = engine_for(tiny, share_prefix_min=16)
+    engine.generate([Request(p, SamplingParams(temperature=0, max_new_tokens=4)) for p in prompts])
+    assert engine.stats.prefix_tokens_shared == 0

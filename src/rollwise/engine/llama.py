@@ -302,28 +302,35 @@ class LlamaForward:
             x = x + self._mlp(layer, x)
         return self._logits(x)
 
-    def prefill(self, kv: SlotKV, ids: torch.Tensor, lengths: list[int], row0: int) -> torch.Tensor:
+    def prefill(self, kv: SlotKV, ids: torch.Tensor, lengths: list[int], row0: int, start: int = 0) -> torch.Tensor:
         """Prompts ``ids [m, T]`` (right-padded; real lengths ``lengths``) into rows
-        ``row0..row0+m-1`` from position 0. Returns the logits after each prompt's last token [m, V]."""
+        ``row0..row0+m-1`` at positions ``start..start+T-1``. With ``start > 0`` the rows already
+        hold positions ``[0, start)`` (a shared prefix copied in) and the new tokens attend over
+        them too. Returns the logits after each prompt's last token [m, V]."""
         m, T = ids.shape
         H, Hkv, G, hd = self.n_heads, self.n_kv_heads, self.groups, self.head_dim
         dev = ids.device
         x = F.embedding(ids, self.embed)  # [m, T, D]
-        cos, sin = self._cos[:T], self._sin[:T]  # [T, hd], broadcast over [m, heads, T, hd]
+        cos, sin = self._cos[start : start + T], self._sin[start : start + T]  # [T, hd], broadcast over heads
         t = torch.arange(T, device=dev)
+        keys = torch.arange(start + T, device=dev)
         masks = {}
         for w in self.windows:
-            visible = t[None, :] <= t[:, None]  # causal [T(query), T(key)]; padding is after every real token
+            # causal [T(query), start+T(key)]: query t sits at start+t; padding is after every real token
+            visible = keys[None, :] <= t[:, None] + start
             if w is not None:
-                visible &= t[None, :] > t[:, None] - w
+                visible &= keys[None, :] > t[:, None] + start - w
             masks[w] = self._bias(visible.repeat(G, 1))  # query row g*T + t of a folded head sees what t sees
+        rows = slice(row0, row0 + m)
         for i, layer in enumerate(self.layers):
             h = _rms(x, layer.norm_in, layer.eps)
             q = _rope(F.linear(h, *layer.q).view(m, T, H, hd).transpose(1, 2), cos, sin)  # [m, H, T, hd]
             k = _rope(F.linear(h, *layer.k).view(m, T, Hkv, hd).transpose(1, 2), cos, sin)  # [m, Hkv, T, hd]
             v = F.linear(h, *layer.v).view(m, T, Hkv, hd).transpose(1, 2)
-            kv.k[i][row0 : row0 + m, :, :T] = k
-            kv.v[i][row0 : row0 + m, :, :T] = v
+            kv.k[i][rows, :, start : start + T] = k
+            kv.v[i][rows, :, start : start + T] = v
+            if start:  # the cached prefix and the new positions, as one key range
+                k, v = kv.k[i][rows, :, : start + T], kv.v[i][rows, :, : start + T]
             o = F.scaled_dot_product_attention(
                 q.reshape(m, Hkv, G * T, hd), k, v, attn_mask=masks[layer.window], scale=layer.scale
             )  # [m, Hkv, G*T, hd]

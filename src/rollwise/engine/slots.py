@@ -67,11 +67,13 @@ class SlotEngine(EngineLoop):
     ``max_batch_size`` is the number of slots (concurrent sequences). ``max_len`` bounds
     prompt + ``max_new_tokens`` of any request (default: the model's
     ``max_position_embeddings``); the cache grows to what submitted requests need, up to it.
+    ``share_prefix_min``: leaders prefilled together that begin with at least this many equal ids
+    (different prompts after one system prompt) prefill that prefix once (0 = never).
     Raises ``UnsupportedModelError`` for other architectures (use the v1 ``Engine``).
     """
 
     def __init__(self, model, *, pad_token_id: int, max_batch_size: int = 64, seed: int = 0,
-                 max_len: int | None = None):
+                 max_len: int | None = None, share_prefix_min: int = 16):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size (the number of slots) must be >= 1, got {max_batch_size}")
         self.forward = LlamaForward(model)
@@ -79,6 +81,7 @@ class SlotEngine(EngineLoop):
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
         self.max_len = max_len or model.config.max_position_embeddings
+        self.share_prefix_min = share_prefix_min
         self.version = 0
         self.stats = SlotEngineStats(slots=max_batch_size)
         self._seeder = torch.Generator().manual_seed(seed)
@@ -486,21 +489,23 @@ class SlotEngine(EngineLoop):
         if leaders:
             seqs = [s.ids for s in leaders]  # longest first (_admit)
             lens = [len(s) for s in seqs]
+            start = self._prefill_shared_prefix(seqs, n_decode)
             # attention in a prefill costs rows × width²: a leader under half the chunk's width starts a new chunk
             chunks, a = [], 0
             for i in range(1, len(lens) + 1):
-                if i == len(lens) or 2 * lens[i] < lens[a]:
+                if i == len(lens) or 2 * (lens[i] - start) < lens[a] - start:
                     chunks.append((a, i))
                     a = i
             logits = []
             for a, b in chunks:
-                width = lens[a]
-                ids = torch.tensor([s + [self.pad_token_id] * (width - len(s)) for s in seqs[a:b]], device=self.device)
-                logits.append(self.forward.prefill(self._kv, ids, lens[a:b], n_decode + a))
+                width = lens[a] - start
+                ids = torch.tensor([s[start:] + [self.pad_token_id] * (width - len(s) + start) for s in seqs[a:b]],
+                                   device=self.device)
+                logits.append(self.forward.prefill(self._kv, ids, [n - start for n in lens[a:b]], n_decode + a, start))
                 hidden.append(self.forward.hidden)
             logits = torch.cat(logits) if len(logits) > 1 else logits[0]
             self.stats.forward_calls += len(chunks)
-            self.stats.prefill_tokens += sum(lens)
+            self.stats.prefill_tokens += sum(lens) - start * len(lens)
             self.stats.reprefill_tokens += sum(n for s, n in zip(leaders, lens) if s.recompute)
             if followers:  # same prompt as their leader: copy its rows, sample from its logits
                 src = [n_decode + i for _, i in followers]
@@ -513,6 +518,26 @@ class SlotEngine(EngineLoop):
             parts.append(logits)
         self._hidden = torch.cat(hidden) if self.forward.capture_hidden else None  # [n, D], rows as the logits
         return (torch.cat(parts) if len(parts) > 1 else parts[0]).float()
+
+    def _prefill_shared_prefix(self, seqs: list[list[int]], row0: int) -> int:
+        """When the leaders ``seqs`` (rows ``row0..``) begin with the same ``share_prefix_min`` or
+        more ids (a chat template's system prompt, few-shot examples), prefill that common prefix
+        once into the first row and copy it to the others; return its length (0 = nothing shared).
+        Each leader keeps at least its last id to prefill, so every row gets its own logits."""
+        if len(seqs) < 2 or not self.share_prefix_min:
+            return 0
+        first, limit = seqs[0], min(len(s) for s in seqs) - 1
+        n = 0
+        while n < limit and all(s[n] == first[n] for s in seqs):
+            n += 1
+        if n < self.share_prefix_min:
+            return 0
+        self.forward.prefill(self._kv, torch.tensor([first[:n]], device=self.device), [n], row0)  # logits unused
+        self._kv.copy_rows([row0] * (len(seqs) - 1), list(range(row0 + 1, row0 + len(seqs))), n)
+        self.stats.forward_calls += 1
+        self.stats.prefill_tokens += n
+        self.stats.prefix_tokens_shared += n * (len(seqs) - 1)
+        return n
 
     # -- length buckets for decode attention (engine/buckets.py) ------------------------------
     def _buckets(self, n: int) -> list[tuple[int, int, int]]:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from rollwise.control import ControlConfig, Controller, PromptCursor, PromptStats, build_controller
 from rollwise.control.base import ROUND_CAP, equal_split, proportional_split
 from rollwise.control.dars import Dars, DarsConfig, cumulative_advantage, dars_extra
-from rollwise.control.difficulty import estimate_difficulty
+from rollwise.control.difficulty import DifficultyConfig, DifficultySelect, estimate_difficulty
 from rollwise.control.dynamic import DynamicSampling, DynamicSamplingConfig, informative
 from rollwise.control.gdro import (
     Gdro,
@@ -379,13 +379,38 @@ def test_dars_extra_rounds_until_half_correct_or_4g():
 def test_difficulty_estimate_by_hand():
     e_r = np.eye(3)
     a_r = np.array([0.1, 0.5, 0.9])
-    for t in (1.0, 0.1, 0.01):
-        a = estimate_difficulty(e_r[[2]], e_r, a_r, t)
-        assert a[0] <= 0.9 + 1e-12
+    # e_q = e_r[2]: logits (0, 0, 1/t), so a = (.1 + .5 + .9 e^(1/t)) / (2 + e^(1/t)), rising to .9 as t falls
+    for t in (1.0, 0.5, 0.1):
+        w = math.exp(1 / t)
+        assert estimate_difficulty(e_r[[2]], e_r, a_r, t)[0] == pytest.approx((0.6 + 0.9 * w) / (2 + w))
+    assert estimate_difficulty(e_r[[2]], e_r, a_r, 1.0)[0] == pytest.approx(0.6457, abs=1e-4)
     assert estimate_difficulty(e_r[[2]], e_r, a_r, 0.01)[0] == pytest.approx(0.9, abs=1e-6)  # e_q = e_r: a_r as t -> 0
     e_q = np.random.default_rng(0).normal(size=(5, 3))
     e_q /= np.linalg.norm(e_q, axis=1, keepdims=True)
     assert estimate_difficulty(e_q, e_r, np.full(3, 0.3), 0.1) == pytest.approx(np.full(5, 0.3))  # equal a_r: constant
+
+
+def test_difficulty_select_counts_the_tokens_it_embeds():
+    """4B candidates + the references go through a full forward each step: their prompt tokens are
+    handed to the loop once (forward_tokens), which adds them to the step's token budget."""
+    calls = []
+
+    def embed(prompts):
+        calls.append(len(prompts))
+        e = np.random.default_rng(len(calls)).normal(size=(len(prompts), 4))
+        return e / np.linalg.norm(e, axis=1, keepdims=True)
+
+    c = DifficultySelect(DifficultyConfig(), embed=embed, num_generations=4)
+    source, stats = PromptCursor(Stream(), 0), PromptStats()
+    chosen = c.select_prompts(source, stats, 2)  # nothing rolled out yet: stream order, no forward
+    assert calls == [] and c.forward_tokens() == 0 and c.metrics()["control/embed_tokens"] == 0
+    for p in chosen:
+        stats.observe(group(p.id, [1, 0]), 0)
+    c.observe_step([group(p.id, [1, 0]) for p in chosen], stats)
+    c.select_prompts(source, stats, 2)
+    assert calls == [8 + 2]  # 4 x 2 candidates and the 2 references, 2 tokens each (Stream)
+    assert c.metrics()["control/embed_tokens"] == 20 and c.forward_tokens() == 20
+    assert c.forward_tokens() == 0  # read once
 
 
 # -- the store, the registry, merging ------------------------------------------------------------

@@ -125,6 +125,12 @@ class Controller:
         """This step's numbers (``control/...``), read once after the step's rounds."""
         return {}
 
+    def forward_tokens(self) -> int:
+        """Prompt tokens this controller ran through the policy since last asked (difficulty_select's
+        embeddings). The loop asks once per step and adds them to the step's token count, so an
+        equal-token budget (``train.max_generated_tokens``) charges a selector for its own forwards."""
+        return 0
+
     def state_dict(self) -> dict:
         return {}
 

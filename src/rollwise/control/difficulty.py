@@ -16,6 +16,12 @@ Departures from the paper:
   those rollouts, not a separately rolled-out reference set: no extra generation.
 - Before any prompt was rolled out (the first step) the candidates are taken in stream order.
 - Rollout replay (the paper's other half) is a replay-stage method and not part of this.
+
+Compute: the embeddings are a full forward of the policy over 4B candidates and up to 64
+references every step. Their prompt tokens (``control/embed_tokens``) are added to the step's
+token count (``forward_tokens``), the count ``train.max_generated_tokens`` stops a run at, so
+an equal-token comparison charges them like sampled tokens (one forward per token; padding
+not counted).
 """
 
 from __future__ import annotations
@@ -72,9 +78,11 @@ class DifficultySelect(Controller):
         self.embed = embed  # prompts -> [N, d] normalised embeddings (the trainer passes its policy's)
         self.reference: list[str] = []  # ids of the recently rolled-out prompts, newest last
         self._last: dict[str, float] = {}
+        self._embedded = 0  # prompt tokens embedded since forward_tokens() was last read
 
     def select_prompts(self, source: PromptCursor, stats: PromptStats, n: int) -> list[Prompt]:
         start = source.cursor
+        self._last = {"control/embed_tokens": 0.0}
         candidates = source.fresh(n * self.cfg.pool_factor)
         refs = [pid for pid in self.reference if stats.get(pid).attempts > 0][-self.cfg.reference_size:]
         if not refs or self.embed is None:
@@ -82,13 +90,15 @@ class DifficultySelect(Controller):
         else:
             ref_prompts = [source.revisit(stats.get(pid).index) for pid in refs]
             emb = self.embed(candidates + ref_prompts)
+            embedded = sum(len(p.token_ids) for p in candidates + ref_prompts)
+            self._embedded += embedded
             a_r = np.array([stats.get(pid).successes / stats.get(pid).attempts for pid in refs])
             a_hat = estimate_difficulty(emb[: len(candidates)], emb[len(candidates):], a_r, self.cfg.temperature)
             weights = a_hat * (1 - a_hat) + self.cfg.floor
             pick = sorted(self.rng().choice(len(candidates), size=min(n, len(candidates)), replace=False,
                                             p=weights / weights.sum()).tolist())
             self._last = {"control/estimated_pass_rate": float(a_hat[pick].mean()),
-                          "control/candidates_pass_rate": float(a_hat.mean())}
+                          "control/candidates_pass_rate": float(a_hat.mean()), "control/embed_tokens": float(embedded)}
         for i in pick:
             stats.register(candidates[i].id, start + i)
         return [candidates[i] for i in pick]
@@ -100,6 +110,10 @@ class DifficultySelect(Controller):
 
     def metrics(self) -> dict[str, float]:
         return self._last
+
+    def forward_tokens(self) -> int:
+        taken, self._embedded = self._embedded, 0
+        return taken
 
     def state_dict(self) -> dict:
         return {"reference": list(self.reference)}

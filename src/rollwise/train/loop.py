@@ -330,6 +330,7 @@ class Trainer:
             metrics["control/prefix_reused_tokens"] = float(engine.stats.prefix_cache_tokens - reuse)
         control.observe_step(groups, stats)
         metrics |= refill | control.metrics() | clock.metrics()
+        tokens.append(control.forward_tokens())  # a selector's own policy forwards count toward the token budget
         return Collected(step, groups, metrics, sum(tokens), source.cursor)
 
     def train_on(self, batch: "Collected", waited: float = 0.0) -> dict[str, float]:

@@ -97,7 +97,8 @@ class TrainConfig(StrictModel):
     log_samples: int = Field(4, ge=0, description="rollouts written to samples.jsonl per eval")
     max_minutes: float | None = Field(None, gt=0, description="stop RL after this wall time (then eval and save)")
     max_generated_tokens: int | None = Field(
-        None, ge=1, description="stop RL once the engine has sampled this many tokens (equal-compute comparisons)")
+        None, ge=1, description="stop RL once the engine has sampled this many tokens, a controller's own policy "
+        "forwards included (difficulty_select's embeddings): equal-compute comparisons")
     mode: Literal["sync", "async"] = Field(
         "sync", description="sync: generate, then update, in turn; async: a producer thread with its own copy of the "
         "weights generates ahead while the policy updates (train/pipeline.py)")

@@ -77,3 +77,46 @@ def test_bench_async_smoke(tmp_path):
     assert [c["step"] for c in runs["sync"][0]["curve"]] == [0, 2, 4]
     assert [c["step"] for c in runs["rollout_replay"][0]["curve"]] == [0, 2, 4, 6, 8]  # twice the steps
     assert table["async1"]["speedup_vs_sync"] > 0
+
+
+def test_effect_at_equal_steps_by_hand():
+    """Arms pair with sync by seed and prompt at the equal-steps eval (replay's later evals are not read)."""
+    def with_correct(r, correct, trace):
+        for c, x in zip(r["curve"], correct):
+            c["correct"] = x
+        return r | {"trace": trace}
+
+    sync = [with_correct(run(s, 100.0, [(0, 0, 0, 0.5), (20, 100, 2000, 0.5)]), ["1100", "1100"], [[9.0, 0.5]] * 20)
+            for s in (0, 1)]
+    nf = [with_correct(run(s, 100.0, [(0, 0, 0, 0.5), (20, 100, 2000, 0.5)]), ["1100", x], [[8.0, 0.5]] * 20)
+          for s, x in ((0, "1010"), (1, "1100"))]
+    # replay: +1 prompt at step 20 on both seeds, +2 at step 40 (ignored); identical to sync's first 20 steps
+    rr = [with_correct(run(s, 180.0, [(0, 0, 0, 0.5), (20, 90, 1200, 0.75), (40, 180, 2400, 1.0)]),
+                       ["1100", "1110", "1111"], [[9.0, 0.5]] * 20 + [[7.0, 0.5]] * 20) for s in (0, 1)]
+    table = summarize({"sync": sync, "noise_floor": nf, "rollout_replay": rr},
+                      ["sync", "noise_floor", "rollout_replay"], 20)
+    assert "verdict" not in table["sync"]
+    n = table["noise_floor"]
+    assert n["seed_differences"] == [0.0, 0.0] and n["verdict"] == "no detectable difference" and n["departs_at"] == 1
+    r = table["rollout_replay"]
+    assert r["seed_differences"] == [0.25, 0.25] and r["ci95"] == [0.25, 0.25] and r["verdict"] == "better"
+    assert r["pairs"] == 8 and r["departs_at"] is None  # its first 20 steps sampled what sync's did
+
+
+def test_bench_async_noise_floor_smoke(tmp_path):
+    """The noise floor: sync with other sampling seeds — other rollouts from step 1, the same eval prompts."""
+    from rollwise.cli import app
+
+    out = tmp_path / "async.json"
+    result = CliRunner().invoke(app, ["bench", "async", "--json", str(out), "--set", "arms=[sync,noise_floor]", "--set", "sync_threads=1",
+                                      "--set", "seeds=[0,1]", "--set", "steps=2", "--set", "sft_steps=5",
+                                      "--set", "eval_size=8", "--set", "eval_every=2", "--set", "max_digits=1",
+                                      "--set", "max_new_tokens=16", "--set", "prompts_per_step=4",
+                                      "--set", "num_generations=4"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    nf = data["table"]["noise_floor"]
+    assert nf["pairs"] == 16 and nf["departs_at"] == 1 and len(nf["seed_differences"]) == 2
+    runs = data["runs"]
+    assert all(len(c["correct"]) == 8 for rs in runs.values() for r in rs for c in r["curve"])
+    assert [r["trace"] for r in runs["sync"]] != [r["trace"] for r in runs["noise_floor"]]

@@ -5,14 +5,16 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rollwise.bench.control import summarize, tokens_to_reach, zero_signal_share
+from rollwise.bench.control import NOISE_FLOOR, summarize, tokens_to_reach, zero_signal_share
+from rollwise.bench.stats import NO_DIFFERENCE
 
 
-def run(seed, curve, zero=0.5, trained=16, control=None):
+def run(seed, curve, zero=0.5, trained=16, control=None, correct="1100", trace=None):
     steps = [{"groups/zero_signal": zero, "groups/trained": trained, "rollouts/trained": trained * 4,
               "tokens/generated": 640.0, **(control or {})}] * 2
     return {"seed": seed, "curve": curve, "steps": 2, "wall_seconds": 10.0, "final_accuracy": curve[-1][1],
-            "initial_accuracy": curve[0][1], "generated_tokens": curve[-1][0], "step_metrics": steps}
+            "initial_accuracy": curve[0][1], "generated_tokens": curve[-1][0], "step_metrics": steps,
+            "correct": correct, "trace": trace or [[640.0, 0.5], [640.0, 0.5]]}
 
 
 def test_tokens_to_reach_and_zero_share():
@@ -24,17 +26,29 @@ def test_tokens_to_reach_and_zero_share():
 
 def test_summary_by_hand():
     runs = {
-        "none": [run(0, [(0, 0.4), (100, 0.5), (200, 0.6)]), run(1, [(0, 0.4), (100, 0.7), (200, 0.7)])],
-        "vade": [run(0, [(0, 0.4), (60, 0.6), (200, 0.8)], control={"control/pool": 3.0}),
-                 run(1, [(0, 0.4), (100, 0.6), (200, 0.6)], zero=0.0)],
+        "none": [run(0, [(0, 0.4), (100, 0.5), (200, 0.6)], correct="1100"),
+                 run(1, [(0, 0.4), (100, 0.7), (200, 0.7)], correct="1000")],
+        # +1 prompt of 4 on seed 0, +2 on seed 1: Δ 0.375 [0.375 ± 12.706 x 0.125], p = 0.205
+        "vade": [run(0, [(0, 0.4), (60, 0.6), (200, 0.8)], control={"control/pool": 3.0}, correct="1110",
+                     trace=[[640.0, 0.5], [600.0, 0.5]]),
+                 run(1, [(0, 0.4), (100, 0.6), (200, 0.6)], zero=0.0, correct="1110", trace=[[500.0, 0.5]] * 2)],
+        NOISE_FLOOR: [run(0, [(0, 0.4), (200, 0.6)], correct="1010", trace=[[630.0, 0.5]] * 2),
+                      run(1, [(0, 0.4), (200, 0.7)], correct="1000", trace=[[620.0, 0.5]] * 2)],
     }
-    table = summarize(runs, ["none", "vade"])
+    table = summarize(runs, ["none", "vade", NOISE_FLOOR])
     assert table["none"]["tokens_ratio"] == 1.0 and table["none"]["accuracy_mean"] == pytest.approx(0.65)
+    assert "verdict" not in table["none"]
     v = table["vade"]
     assert v["accuracy_mean"] == pytest.approx(0.7) and v["accuracy_spread"] == pytest.approx(0.2)
     assert (v["tokens_ratio"], v["reached"]) == (pytest.approx(60 / 200), 1)  # seed 1 never reached .7
     assert v["zero_signal_share"] == pytest.approx(0.25) and v["control"] == {"control/pool": 3.0}
     assert v["tokens_per_trained_rollout"] == 10.0  # 640 tokens for 16 groups x 4 rollouts
+    assert v["seed_differences"] == [0.25, 0.5] and v["difference"] == pytest.approx(0.375)
+    assert v["ci95"] == pytest.approx([0.375 - 12.7062 * 0.125, 0.375 + 12.7062 * 0.125], abs=1e-3)
+    assert v["verdict"] == NO_DIFFERENCE and v["p"] == pytest.approx(0.2048, abs=1e-3)  # t = 3 on 1 df
+    assert (v["pairs"], v["departs_at"]) == (8, 1)  # seed 0 parts at step 2, seed 1 at step 1
+    nf = table[NOISE_FLOOR]
+    assert nf["seed_differences"] == [0.0, 0.0] and nf["verdict"] == NO_DIFFERENCE and nf["departs_at"] == 1
 
 
 def test_bench_control_smoke(tmp_path):
@@ -43,12 +57,20 @@ def test_bench_control_smoke(tmp_path):
 
     out = tmp_path / "control.json"
     result = CliRunner().invoke(app, ["bench", "control", "--json", str(out), "--set", "tasks=[arith]",
-                                      "--set", "arms=[none,dynamic_sampling,arrol]", "--set", "seeds=[0]",
+                                      "--set", "arms=[none,dynamic_sampling,arrol]", "--set", "seeds=[0,1]",
                                       "--set", "sft_steps=5", "--set", "tokens=1500", "--set", "eval_size=8",
                                       "--set", "prompts_per_step=4", "--set", "arith_max_digits=2"])
     assert result.exit_code == 0, result.output
-    table = json.loads(out.read_text())["tasks"]["arith"]["table"]
-    assert set(table) == {"none", "dynamic_sampling", "arrol"}
+    data = json.loads(out.read_text())["tasks"]["arith"]
+    table, runs = data["table"], data["runs"]
+    assert set(table) == {"none", "dynamic_sampling", "arrol", NOISE_FLOOR}
     assert table["none"]["steps"] >= 1 and table["none"]["control"] == {}
     ds = table["dynamic_sampling"]["control"]
     assert ds["control/refill_rounds"] == 3 and ds["control/cap_hit"] == 1  # capped, not refilling forever
+    # every run keeps its final eval's correctness per prompt; the arms pair with `none` by seed and prompt
+    assert all(len(r["correct"]) == 8 and r["correct"].count("1") == round(r["final_accuracy"] * 8)
+               for rs in runs.values() for r in rs)
+    for arm in ("dynamic_sampling", NOISE_FLOOR):
+        row = table[arm]
+        assert row["pairs"] == 16 and len(row["seed_differences"]) == 2 and row["departs_at"] == 1
+        assert row["difference"] == pytest.approx(table[arm]["accuracy_mean"] - table["none"]["accuracy_mean"])

@@ -10,6 +10,12 @@ share the machine's state.
 Reported per task and arm:
 
 - eval accuracy at the budget: mean and spread (max − min) over seeds;
+- the effect against ``none``, paired by seed and prompt (the same eval prompts on a seed), with
+  its 95% t interval over seeds, p and verdict (``rollwise.bench.stats``), and the first step at
+  which the arm's runs sampled other tokens or rewards than ``none``'s (``departs_at``);
+- the noise floor (``noise_floor: true``): ``none`` again with other rollout-sampling seeds
+  (``sampling_seed`` = seed + 1000), judged by the same rule — it must read "no detectable
+  difference";
 - generated tokens to reach the baseline's final accuracy: for each seed, the first eval at
   which the arm's accuracy is at least the same seed's ``none`` final accuracy, as a ratio to
   the tokens ``none`` itself took to first reach it (mean over the seeds that reached it;
@@ -33,10 +39,14 @@ from pydantic import Field
 from rich.table import Table
 
 from rollwise.bench.engine import _quiet_transformers
+from rollwise.bench.ledger import delta
+from rollwise.bench.stats import correct_string, departure_step, paired_effect
 from rollwise.config import StrictModel, apply_overrides, validate
 from rollwise.control import CONTROLLERS
 
 ARMS = tuple(CONTROLLERS)
+NOISE_FLOOR = "noise_floor"  # `none` with sampling_seed = seed + NOISE_SEED_OFFSET
+NOISE_SEED_OFFSET = 1_000
 
 
 class ControlBenchConfig(StrictModel):
@@ -44,7 +54,9 @@ class ControlBenchConfig(StrictModel):
 
     arms: list[Literal[tuple(ARMS)]] = Field(list(ARMS), min_length=1, description="controllers to run (none = baseline)")
     tasks: list[Literal["arith", "countdown"]] = Field(["arith", "countdown"], min_length=1, description="tasks")
-    seeds: list[int] = Field([0, 1, 2], min_length=1, description="RL seeds per arm")
+    seeds: list[int] = Field([0, 1, 2, 3, 4], min_length=1, description="RL seeds per arm (the verdict's unit)")
+    noise_floor: bool = Field(True, description="also run `none` with other sampling seeds, judged by the same rule: "
+                              "it must read 'no detectable difference'")
     threads: int = Field(1, ge=0, description="torch threads (0 = torch's default)")
     preset: str = Field("tiny", description="model preset (random init, then SFT)")
     sft_steps: int = Field(500, ge=0, description="SFT warm-start steps per task")
@@ -79,7 +91,7 @@ def run_control_bench(overrides: list[str], console, json_path: Path | None = No
             for task in cfg.tasks:
                 warm = warm_start(cfg, task, Path(tmp), console)
                 runs = _arms(cfg, task, warm, Path(tmp), console)
-                out["tasks"][task] = {"runs": runs, "table": summarize(runs, cfg.arms)}
+                out["tasks"][task] = {"runs": runs, "table": summarize(runs, list(runs))}
                 if json_path is not None:  # a long run keeps what it measured so far
                     json_path.write_text(json.dumps(out, indent=2))
                 _print(console, cfg, task, out["tasks"][task]["table"])
@@ -116,11 +128,14 @@ def _arms(cfg: ControlBenchConfig, task: str, warm: Path, tmp: Path, console) ->
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer, Until
 
-    runs: dict[str, list[dict]] = {arm: [] for arm in cfg.arms}
+    arms = [*cfg.arms, *([NOISE_FLOOR] if cfg.noise_floor else [])]
+    runs: dict[str, list[dict]] = {arm: [] for arm in arms}
     tokens, every = (cfg.tokens, cfg.eval_every) if task == "arith" else (cfg.countdown_tokens, cfg.countdown_eval_every)
     with console.status(f"{task}: arms") as status:
         for seed in cfg.seeds:
-            for arm in cfg.arms:
+            for arm in arms:
+                method = "none" if arm == NOISE_FLOOR else arm
+                sampling = [f"sampling_seed={seed + NOISE_SEED_OFFSET}"] if arm == NOISE_FLOOR else []
                 run = load_run_config(None, [
                     f"output_dir={tmp}", f"name={task}_{arm}_{seed}", f"seed={seed}", f"model.path={warm}",
                     f"model.threads={torch.get_num_threads()}", *task_sets(cfg, task), "sft.steps=0",
@@ -128,27 +143,30 @@ def _arms(cfg: ControlBenchConfig, task: str, warm: Path, tmp: Path, console) ->
                     f"rollout.prompts_per_step={cfg.prompts_per_step}", "objective.method=grpo", f"optim.lr={cfg.lr}",
                     "optim.micro_batch_size=128", "train.steps=100000", f"train.eval_every={every}",
                     "train.eval_samples=0", "train.log_samples=0", "train.checkpoint_every=0",
-                    f"control.method={arm}", *[f"control.{s}" for s in cfg.control],
+                    f"control.method={method}", *[f"control.{s}" for s in cfg.control], *sampling,
                 ])
-                curve, steps = [], []
+                curve, steps, evals, trace = [], [], [], []
                 with Trainer(run) as trainer:
                     trainer.prepare()
 
                     def on_eval(step, result, trainer=trainer):
                         curve.append((trainer.state.generated_tokens, result.accuracy))
+                        evals.append(correct_string(result.correct))
 
                     def on_step(step, metrics, arm=arm, seed=seed, trainer=trainer):
                         steps.append({k: v for k, v in metrics.items()
                                       if k.startswith(("control/", "arrol/"))
                                       or k in ("groups/zero_signal", "groups/trained", "rollouts/trained",
                                                "tokens/generated")})
+                        trace.append([metrics.get("tokens/generated"), metrics.get("reward/mean")])
                         status.update(f"{task}: {arm}, seed {seed}, step {step}, "
                                       f"{trainer.state.generated_tokens:,}/{tokens:,} tokens")
 
                     summary = trainer.fit(Until(generated_tokens=tokens), on_step=on_step, on_eval=on_eval)
                 runs[arm].append({"seed": seed, "curve": curve, "steps": len(steps), "wall_seconds": summary["wall_seconds"],
                                   "final_accuracy": summary["final_accuracy"], "initial_accuracy": summary["initial_accuracy"],
-                                  "generated_tokens": summary["generated_tokens"], "step_metrics": steps})
+                                  "generated_tokens": summary["generated_tokens"], "step_metrics": steps,
+                                  "correct": evals[-1], "trace": trace})
     return runs
 
 
@@ -173,8 +191,22 @@ def tokens_per_trained_rollout(step_metrics: list[dict]) -> float:
         sum(m.get("rollouts/trained", 0.0) for m in step_metrics), 1)
 
 
+def effect_against(rs: list[dict], base: dict[int, dict]) -> dict:
+    """The paired effect of an arm's runs against the baseline's (``{seed: run}``, runs with ``correct``),
+    and the first step its runs depart from the baseline's (earliest over seeds; None: never)."""
+    seeds = [r["seed"] for r in rs if r["seed"] in base]
+    mine = {r["seed"]: r for r in rs}
+    if not seeds or not all("correct" in mine[s] and "correct" in base[s] for s in seeds):
+        return {}
+    e = paired_effect({s: mine[s]["correct"] for s in seeds}, {s: base[s]["correct"] for s in seeds})
+    departs = [departure_step(mine[s]["trace"], base[s]["trace"]) for s in seeds if "trace" in mine[s]]
+    return {k: v for k, v in e.as_dict().items() if k not in ("seeds",)} | {
+        "departs_at": min((d for d in departs if d is not None), default=None)}
+
+
 def summarize(runs: dict[str, list[dict]], arms: list[str]) -> dict[str, dict]:
-    """Per arm: accuracy mean/spread, tokens-to-baseline ratio, zero-signal share, wall, controller metrics."""
+    """Per arm: accuracy mean/spread, the paired effect against ``none`` (``effect_against``),
+    tokens-to-baseline ratio, zero-signal share, wall, controller metrics."""
     base = {r["seed"]: r for r in runs.get("none", [])}
     table = {}
     for arm in arms:
@@ -199,7 +231,7 @@ def summarize(runs: dict[str, list[dict]], arms: list[str]) -> dict[str, dict]:
             "wall_seconds": statistics.mean(r["wall_seconds"] for r in rs),
             "steps": statistics.mean(r["steps"] for r in rs), "control": control,
             "tokens_per_trained_rollout": statistics.mean(tokens_per_trained_rollout(r["step_metrics"]) for r in rs),
-        }
+        } | ({} if arm == "none" else effect_against(rs, base))
     return table
 
 
@@ -207,13 +239,15 @@ def _print(console, cfg: ControlBenchConfig, task: str, table: dict) -> None:
     first = next(iter(table.values()))
     tokens = cfg.tokens if task == "arith" else cfg.countdown_tokens
     t = Table(title=f"{task}: GRPO at {tokens:,} generated tokens per run, {len(cfg.seeds)} seeds, greedy accuracy "
-                    f"on {cfg.eval_size} held-out prompts (warm start {first['initial_accuracy']:.1%})")
-    for col in ("arm", "accuracy", "± (half range)", "tokens to baseline's final", "zero-signal groups",
-                "tokens/trained rollout", "steps", "wall s"):
-        t.add_column(col, justify="left" if col == "arm" else "right")
+                    f"on {cfg.eval_size} held-out prompts (warm start {first['initial_accuracy']:.1%}); Δ paired by "
+                    "seed and prompt, 95% t interval over seeds")
+    for col in ("arm", "accuracy", "Δ vs none [95% CI]", "verdict", "departs at step", "tokens to baseline's final",
+                "zero-signal groups", "tokens/trained rollout", "steps", "wall s"):
+        t.add_column(col, justify="left" if col in ("arm", "verdict") else "right")
     for arm, row in table.items():
         ratio = "—" if row["tokens_ratio"] is None else f"{row['tokens_ratio']:.2f}x ({row['reached']}/{row['seeds']})"
-        t.add_row(arm, f"{row['accuracy_mean']:.1%}", f"{row['accuracy_spread'] / 2:.1%}", ratio,
+        departs = "—" if "difference" not in row else ("never" if row["departs_at"] is None else str(row["departs_at"]))
+        t.add_row(arm, f"{row['accuracy_mean']:.1%}", delta(row), row.get("verdict", "—"), departs, ratio,
                   f"{row['zero_signal_share']:.1%}", f"{row['tokens_per_trained_rollout']:.1f}", f"{row['steps']:.0f}",
                   f"{row['wall_seconds']:.0f}")
     console.print(t)

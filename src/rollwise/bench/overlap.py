@@ -11,13 +11,18 @@ order rotated per seed so drift on a shared machine spreads over all of them.
 Arms: ``sync`` (``train.mode: sync``, torch on every core — the baseline), ``async1`` and
 ``async2`` (``train.mode: async``, ``max_staleness`` 1 and 2; ``generation_threads`` =
 ``update_threads`` = half the cores), and one arm per replay method (``rollout_replay``,
-``remix``, ``rorecomp``; sync mode, same threads as ``sync``).
+``remix``, ``rorecomp``; sync mode, same threads as ``sync``), and ``noise_floor``: ``sync`` again
+with other rollout-sampling seeds (``sampling_seed`` = seed + 1000; same warm start, data order and
+eval set), judged by the same rule as every arm — it must read "no detectable difference".
 
 Reported per arm (mean over seeds, spread = max − min):
 
 - wall time to ``steps`` trained steps, and its ratio to ``sync`` (per seed, then averaged);
 - eval accuracy at equal steps (the last eval) and at equal wall time (each arm's last eval
   at or before the fastest arm's finishing time, per seed);
+- the effect on accuracy at equal steps against ``sync``, paired by seed and prompt, with its
+  95% t interval over seeds, p and verdict (``rollwise.bench.stats``), and the first step at
+  which the arm's runs sampled other tokens or rewards than ``sync``'s (``departs_at``);
 - the staleness histogram of trained tokens (share at 0, 1, 2 versions behind);
 - generation and update idle fractions (async: each side's waiting time / wall time);
 - for replay arms: generated tokens to reach the ``sync`` arm's accuracy at ``steps``, as a
@@ -39,17 +44,21 @@ from rich.table import Table
 
 from rollwise.bench.control import tokens_to_reach
 from rollwise.bench.engine import _quiet_transformers
+from rollwise.bench.ledger import delta
+from rollwise.bench.stats import correct_string, departure_step, paired_effect
 from rollwise.config import ConfigError, StrictModel, apply_overrides, validate
 
 REPLAY_ARMS = ("rollout_replay", "remix", "rorecomp")
-ARMS = ("sync", "async1", "async2", *REPLAY_ARMS)
+NOISE_FLOOR = "noise_floor"  # sync with sampling_seed = seed + NOISE_SEED_OFFSET
+NOISE_SEED_OFFSET = 1_000
+ARMS = ("sync", NOISE_FLOOR, "async1", "async2", *REPLAY_ARMS)
 
 
 class AsyncBenchConfig(StrictModel):
     """Settings of ``rollwise bench async`` (override with ``--set key=value``)."""
 
     arms: list[Literal[ARMS]] = Field(list(ARMS), min_length=1, description="arms to run (sync = the baseline)")
-    seeds: list[int] = Field([0, 1, 2], min_length=1, description="RL seeds per arm")
+    seeds: list[int] = Field([0, 1, 2, 3, 4], min_length=1, description="RL seeds per arm (the verdict's unit)")
     steps: int = Field(60, ge=1, description="trained steps per run (equal trained groups across arms)")
     replay_steps_factor: float = Field(
         2.0, ge=1, description="replay arms run this many times `steps` (replay samples fewer tokens per step: the "
@@ -128,36 +137,42 @@ def arm_sets(arm: str, sync_threads: int, async_threads: int) -> list[str]:
     return lines + ([f"replay.method={arm}"] if arm in REPLAY_ARMS else [])
 
 
+def seed_sets(arm: str, seed: int) -> list[str]:
+    """The config lines of an arm's run for ``seed`` (the noise floor's other sampling seed)."""
+    return [f"seed={seed}", *([f"sampling_seed={seed + NOISE_SEED_OFFSET}"] if arm == NOISE_FLOOR else [])]
+
+
 def _run(cfg: AsyncBenchConfig, arm: str, seed: int, warm: Path, tmp: Path, sync_threads: int, async_threads: int,
          console) -> dict:
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
 
     run = load_run_config(None, [
-        f"output_dir={tmp}", f"name={arm}_{seed}", f"seed={seed}", *_sets(cfg),
+        f"output_dir={tmp}", f"name={arm}_{seed}", *seed_sets(arm, seed), *_sets(cfg),
         f"model.path={warm}", "sft.steps=0", "rollout.strategy=group", f"rollout.num_generations={cfg.num_generations}",
         f"rollout.prompts_per_step={cfg.prompts_per_step}", "objective.method=grpo", f"optim.lr={cfg.lr}",
         "optim.micro_batch_size=128", f"train.steps={steps_of(cfg, arm)}", f"train.eval_every={cfg.eval_every}",
         "train.eval_samples=0", "train.log_samples=0", "train.checkpoint_every=0",
         *arm_sets(arm, sync_threads, async_threads),
     ])
-    curve, steps = [], []
+    curve, steps, trace = [], [], []
     with console.status(f"{arm}, seed {seed}") as status, Trainer(run) as trainer:
         trainer.prepare()
 
         def on_eval(step, result):
             curve.append({"step": step, "wall": trainer.state.wall_seconds, "tokens": trainer.state.generated_tokens,
-                          "accuracy": result.accuracy})
+                          "accuracy": result.accuracy, "correct": correct_string(result.correct)})
 
         def on_step(step, metrics):
             steps.append({k: v for k, v in metrics.items() if k.startswith(("staleness/", "async/", "replay/", "time/"))
                           or k in ("tokens/generated",)})
+            trace.append([metrics.get("tokens/generated"), metrics.get("reward/mean")])
             status.update(f"{arm}, seed {seed}, step {step}/{steps_of(cfg, arm)}")
 
         summary = trainer.fit(on_step=on_step, on_eval=on_eval)
     return {"seed": seed, "curve": curve, "wall_seconds": summary["wall_seconds"],
             "final_accuracy": summary["final_accuracy"], "initial_accuracy": summary["initial_accuracy"],
-            "generated_tokens": summary["generated_tokens"], "step_metrics": steps}
+            "generated_tokens": summary["generated_tokens"], "step_metrics": steps, "trace": trace}
 
 
 def steps_of(cfg: AsyncBenchConfig, arm: str) -> int:
@@ -230,8 +245,23 @@ def summarize(runs: dict[str, list[dict]], arms: list[str], steps: int) -> dict[
             "tokens_ratio": statistics.mean(token_ratios) if token_ratios else None, "reached": len(token_ratios),
             "tokens_at_steps": statistics.mean(c["tokens"] for c in ends),
             "final_accuracy_mean": statistics.mean(r["final_accuracy"] for r in rs), "seeds": len(rs),
-        }
+        } | ({} if arm == "sync" else effect_at_steps(rs, base, steps))
     return table
+
+
+def effect_at_steps(rs: list[dict], base: dict[int, dict], steps: int) -> dict:
+    """The arm's accuracy at ``steps`` against ``sync``'s, paired by seed and prompt (runs whose evals
+    keep ``correct``), and the first of the first ``steps`` steps its runs depart from ``sync``'s."""
+    mine = {r["seed"]: r for r in rs}
+    seeds = [s for s in mine if s in base]
+    if not seeds or not all("correct" in at_step(r, steps) for r in [*(mine[s] for s in seeds),
+                                                                        *(base[s] for s in seeds)]):
+        return {}
+    e = paired_effect({s: at_step(mine[s], steps)["correct"] for s in seeds},
+                      {s: at_step(base[s], steps)["correct"] for s in seeds})
+    departs = [departure_step(mine[s]["trace"][:steps], base[s]["trace"][:steps]) for s in seeds if "trace" in mine[s]]
+    return {k: v for k, v in e.as_dict().items() if k != "seeds"} | {
+        "departs_at": min((d for d in departs if d is not None), default=None)}
 
 
 def _print(console, cfg: AsyncBenchConfig, out: dict) -> None:
@@ -240,8 +270,10 @@ def _print(console, cfg: AsyncBenchConfig, out: dict) -> None:
     t = Table(title=f"arith (demo), {cfg.steps} steps x {cfg.prompts_per_step} groups of {cfg.num_generations}, "
                     f"{len(cfg.seeds)} seeds, greedy accuracy on {cfg.eval_size} held-out prompts (warm start "
                     f"{first['initial_accuracy']:.1%}); {out['cores']} cores: sync {out['sync_threads']} threads, "
-                    f"async {out['async_threads']} + {out['async_threads']}")
-    for col in ("arm", "wall s", "speed-up vs sync", "acc. at equal steps", "± (half range)", "acc. at equal wall",
+                    f"async {out['async_threads']} + {out['async_threads']}; Δ paired by seed and prompt, 95% t "
+                    "interval over seeds")
+    for col in ("arm", "wall s", "speed-up vs sync", "acc. at equal steps", "Δ vs sync [95% CI]", "verdict",
+                "departs at step", "acc. at equal wall",
                 "sync there", "tokens at equal steps", "staleness 0/1/2/3+", "idle gen/upd", "tokens to sync's final"):
         t.add_column(col, justify="left" if col == "arm" else "right")
     for arm, row in table.items():
@@ -249,7 +281,8 @@ def _print(console, cfg: AsyncBenchConfig, out: dict) -> None:
         ratio = "—" if row["tokens_ratio"] is None else f"{row['tokens_ratio']:.2f}x ({row['reached']}/{row['seeds']})"
         t.add_row(arm, f"{row['wall_seconds']:.0f}",
                   "—" if row["speedup_vs_sync"] is None else f"{row['speedup_vs_sync']:.2f}x",
-                  f"{row['accuracy_mean']:.1%}", f"{row['accuracy_spread'] / 2:.1%}",
+                  f"{row['accuracy_mean']:.1%}", delta(row), row.get("verdict", "—"),
+                  "—" if "difference" not in row else str(row["departs_at"] or "never"),
                   "—" if row["accuracy_at_equal_wall"] is None else f"{row['accuracy_at_equal_wall']:.1%}",
                   "—" if row["sync_accuracy_at_that_wall"] is None else f"{row['sync_accuracy_at_that_wall']:.1%}",
                   f"{row['tokens_at_steps']:,.0f}",

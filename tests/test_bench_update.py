@@ -50,7 +50,9 @@ def test_update_bench_throughput_counts_only_real_tokens():
                            Console(file=io.StringIO(), width=200))["throughput"]
     row = res["presets"]["tiny"]
     assert row["real_tokens"] < row["padded_tokens"] and row["packed"]["seconds"] > 0 and row["hf"]["seconds"] > 0
-    assert row["packed"]["flop_utilization"] == row["useful_flops"] / row["packed"]["seconds"] / res["matmul_flop_s"]
+    for forward in ("packed", "hf"):  # useful FLOP/s above the measured matmul peak: a miscount
+        assert 0 < row[forward]["flop_utilization"] <= 1
+        assert row[forward]["seconds"] <= row[forward]["median_seconds"]  # the fastest run, not the first
 
 
 def test_update_bench_memory_arm_runs_both_settings_in_fresh_processes():

@@ -57,7 +57,9 @@ def test_countdown_and_file_tasks_train(tmp_path):
         trainer = Trainer(load_run_config(None, [f"output_dir={tmp_path}", *task, *common]))
         trainer.prepare()
         m = run_steps(trainer, 1)[0]
-        assert m["tokens/generated"] > 0 and m["reward/mean"] >= 0
+        errors = {k: v for k, v in m.items() if k.startswith("reward/") and k.endswith("/errors")}
+        # the task's verifier scored every completion (a reward function that raises scores 0 silently)
+        assert m["tokens/generated"] > 0 and errors and all(v == 0 for v in errors.values()), errors
 
 
 def test_resume_without_checkpoint_is_an_error(tmp_path):

@@ -20,7 +20,7 @@ from rollwise.bench.ledger import to_markdown
 from rollwise.bench.stats import NO_DIFFERENCE
 from rollwise.config import ConfigError
 
-BASE = "1111100000"  # the baseline: 5 of 10 prompts on every seed
+BASE = "1" * 50 + "0" * 50  # the baseline: 50 of 100 prompts on every seed
 
 
 def plus(k, base=BASE):
@@ -41,19 +41,21 @@ def run(arm, seed, correct=BASE, trace=None, curve=None, refused=None):
 def ledger_runs():
     seeds = range(5)
     runs = [run(BASELINE, s) for s in seeds]
-    # +1, +2, +1, +3, +1 prompts of 10: mean +0.16, sd 0.0894, se 0.04, t(4) = 4.0
+    # +10, +20, +10, +30, +10 prompts of 100: mean +0.16, sd 0.0894, se 0.04 (the prompts alone: 0.016), t(4) = 4.0
     runs += [run("objective:dapo", s, plus(k), trace=[[100.0, 0.5], [90.0, 0.6]],
-                 curve=[(0, 0.3), (50, 0.5), (100, 0.5 + k / 10)]) for s, k in zip(seeds, [1, 2, 1, 3, 1])]
+                 curve=[(0, 0.3), (50, 0.5), (100, 0.5 + k / 100)]) for s, k in zip(seeds, [10, 20, 10, 30, 10])]
     runs += [run("objective:gspo", s) for s in seeds]  # every run the baseline's: one computation
     for arm in ("objective:ppo_clip", "objective:cispo"):  # the same as each other, not as the baseline
-        runs += [run(arm, s, plus(-1 if s % 2 else 1), trace=[[100.0, 0.5], [100.0, 0.5], [80.0, 0.25]])
+        runs += [run(arm, s, plus(-10 if s % 2 else 10), trace=[[100.0, 0.5], [100.0, 0.5], [80.0, 0.25]])
                  for s in seeds]
-    # three seeds, three differences sharing a sign (+1, +1, +3): the old rule's "better"
-    runs += [run("objective:sapo", s, plus(k), trace=[[100.0, 0.5], [99.0, 0.5]]) for s, k in zip(range(3), [1, 1, 3])]
-    runs += [run(NOISE_FLOOR, s, plus(k), trace=[[101.0, 0.5], [99.0, 0.5]]) for s, k in zip(seeds, [1, -1, 0, 1, -1])]
-    # the epochs2 regime: its arm is 1 prompt above its own baseline (3/10), below the ledger's baseline
-    runs += [run("baseline@epochs2", s, plus(-2), trace=[[100.0, 0.5], [95.0, 0.5]]) for s in seeds]
-    runs += [run("objective:cispo@epochs2", s, plus(-1), trace=[[100.0, 0.5], [96.0, 0.5]]) for s in seeds]
+    # three seeds, three differences sharing a sign (+10, +10, +30 of 100): the old rule's "better"
+    runs += [run("objective:sapo", s, plus(k), trace=[[100.0, 0.5], [99.0, 0.5]])
+             for s, k in zip(range(3), [10, 10, 30])]
+    runs += [run(NOISE_FLOOR, s, plus(k), trace=[[101.0, 0.5], [99.0, 0.5]])
+             for s, k in zip(seeds, [3, -3, 0, 3, -3])]
+    # the epochs2 regime: its arm is 10 prompts above its own baseline (30/100), below the ledger's baseline
+    runs += [run("baseline@epochs2", s, plus(-20), trace=[[100.0, 0.5], [95.0, 0.5]]) for s in seeds]
+    runs += [run("objective:cispo@epochs2", s, plus(-10), trace=[[100.0, 0.5], [96.0, 0.5]]) for s in seeds]
     runs += [run("strategy:april", 0, refused="ConfigError: no")]
     arms = [BASELINE, NOISE_FLOOR, "objective:dapo", "objective:gspo", "objective:ppo_clip", "objective:cispo",
             "objective:sapo", "strategy:april", "baseline@epochs2", "objective:cispo@epochs2"]
@@ -66,7 +68,7 @@ def test_summary_by_hand():
     half = 2.776445 * 0.04
     assert d["difference"] == pytest.approx(0.16) and d["ci95"] == pytest.approx([0.16 - half, 0.16 + half], abs=1e-5)
     assert d["p"] == pytest.approx(0.01613, abs=1e-4) and d["verdict"] == "better"
-    assert (d["seeds"], d["pairs"], d["departs_at"]) == (5, 50, 2)
+    assert (d["seeds"], d["pairs"], d["departs_at"]) == (5, 500, 2) and d["prompt_se"] < 0.04
     assert d["tokens_ratio"] == pytest.approx(0.5) and d["reached"] == 5
     assert table["strategy:april"] == {"ids": ["strategy:april"], "lines": ["rollout.strategy=april"],
                                        "refused": "ConfigError: no"}
@@ -86,7 +88,7 @@ def test_identical_arms_are_one_row():
 
 
 def test_three_seeds_sharing_a_sign_are_not_a_verdict():
-    """The old rule (a bootstrap over 3 seeds ≈ [min, max]) called +1, +1, +3 prompts "better"; the t rule does not."""
+    """The old rule (a bootstrap over 3 seeds ≈ [min, max]) called +10, +10, +30 of 100 "better"; the t rule does not."""
     s = summarize(*ledger_runs())["objective:sapo"]
     assert all(d > 0 for d in s["seed_differences"]) and s["seeds"] == 3
     assert s["ci95"][0] < 0 < s["ci95"][1] and s["verdict"] == NO_DIFFERENCE
@@ -98,7 +100,8 @@ def test_noise_floor_and_regimes():
     nf = table[NOISE_FLOOR]
     assert nf["difference"] == pytest.approx(0.0) and nf["verdict"] == NO_DIFFERENCE and nf["departs_at"] == 1
     c = table["objective:cispo@epochs2"]  # +0.1 against baseline@epochs2 (it would be -0.1 against the baseline)
-    assert c["difference"] == pytest.approx(0.1) and c["verdict"] == "better"
+    assert c["difference"] == pytest.approx(0.1) and c["verdict"] == "better"  # every seed: se = the prompts' alone
+    assert c["ci95"] == pytest.approx([0.1 - 2.776445 * c["prompt_se"], 0.1 + 2.776445 * c["prompt_se"]], abs=1e-5)
     assert table["baseline@epochs2"]["verdict"] == "baseline"
     md = to_markdown({"command": "rollwise bench ablate", "tasks": {"arith": table}})
     assert "| baseline ≡ objective:gspo |" in md and "| objective:ppo_clip ≡ objective:cispo |" in md
@@ -106,7 +109,7 @@ def test_noise_floor_and_regimes():
     assert "#### arith, off-policy regime `epochs2`" in md
     assert md.index("objective:cispo@epochs2") > md.index("off-policy regime")
     dapo = next(x for x in md.splitlines() if x.startswith("| objective:dapo |"))
-    assert "| +16.0 [+4.9, +27.1] | 0.016 | 5×10 | 2 | 0.50× (5/5) |" in dapo and dapo.endswith("| better |")
+    assert "| +16.0 [+4.9, +27.1] | 0.016 | 5×100 | 2 | 0.50× (5/5) |" in dapo and dapo.endswith("| better |")
 
 
 def test_arms_and_their_lines():

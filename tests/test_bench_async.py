@@ -89,21 +89,25 @@ def test_effect_at_equal_steps_by_hand():
             c["correct"] = x
         return r | {"trace": trace}
 
-    sync = [with_correct(run(s, 100.0, [(0, 0, 0, 0.5), (20, 100, 2000, 0.5)]), ["1100", "1100"], [[9.0, 0.5]] * 20)
-            for s in (0, 1)]
-    nf = [with_correct(run(s, 100.0, [(0, 0, 0, 0.5), (20, 100, 2000, 0.5)]), ["1100", x], [[8.0, 0.5]] * 20)
-          for s, x in ((0, "1010"), (1, "1100"))]
-    # replay: +1 prompt at step 20 on both seeds, +2 at step 40 (ignored); identical to sync's first 20 steps
+    def ones(k):
+        return "1" * k + "0" * (100 - k)
+
+    seeds = (0, 1, 2)
+    sync = [with_correct(run(s, 100.0, [(0, 0, 0, 0.5), (20, 100, 2000, 0.5)]), [ones(50)] * 2, [[9.0, 0.5]] * 20)
+            for s in seeds]
+    nf = [with_correct(run(s, 100.0, [(0, 0, 0, 0.5), (20, 100, 2000, 0.5)]), [ones(50), x], [[8.0, 0.5]] * 20)
+          for s, x in zip(seeds, ("0" + ones(50)[:-1], ones(50), ones(50)))]
+    # replay: +25 prompts at step 20 on every seed, +50 at step 40 (not read); its first 20 steps are sync's
     rr = [with_correct(run(s, 180.0, [(0, 0, 0, 0.5), (20, 90, 1200, 0.75), (40, 180, 2400, 1.0)]),
-                       ["1100", "1110", "1111"], [[9.0, 0.5]] * 20 + [[7.0, 0.5]] * 20) for s in (0, 1)]
+                       [ones(50), ones(75), ones(100)], [[9.0, 0.5]] * 20 + [[7.0, 0.5]] * 20) for s in seeds]
     table = summarize({"sync": sync, "noise_floor": nf, "rollout_replay": rr},
                       ["sync", "noise_floor", "rollout_replay"], 20)
     assert "verdict" not in table["sync"]
     n = table["noise_floor"]
-    assert n["seed_differences"] == [0.0, 0.0] and n["verdict"] == "no detectable difference" and n["departs_at"] == 1
+    assert n["seed_differences"] == [0.0] * 3 and n["verdict"] == "no detectable difference" and n["departs_at"] == 1
     r = table["rollout_replay"]
-    assert r["seed_differences"] == [0.25, 0.25] and r["ci95"] == [0.25, 0.25] and r["verdict"] == "better"
-    assert r["pairs"] == 8 and r["departs_at"] is None  # its first 20 steps sampled what sync's did
+    assert r["seed_differences"] == [0.25] * 3 and r["verdict"] == "better" and r["ci95"][0] > 0.1
+    assert r["pairs"] == 300 and r["departs_at"] is None  # its first 20 steps sampled what sync's did
 
 
 def test_bench_async_noise_floor_smoke(tmp_path):

@@ -9,7 +9,11 @@ from rollwise.bench.control import NOISE_FLOOR, summarize, tokens_to_reach, zero
 from rollwise.bench.stats import NO_DIFFERENCE
 
 
-def run(seed, curve, zero=0.5, trained=16, control=None, correct="1100", trace=None):
+def ones(k, n=100):
+    return "1" * k + "0" * (n - k)
+
+
+def run(seed, curve, zero=0.5, trained=16, control=None, correct=ones(50), trace=None):
     steps = [{"groups/zero_signal": zero, "groups/trained": trained, "rollouts/trained": trained * 4,
               "tokens/generated": 640.0, **(control or {})}] * 2
     return {"seed": seed, "curve": curve, "steps": 2, "wall_seconds": 10.0, "final_accuracy": curve[-1][1],
@@ -26,14 +30,14 @@ def test_tokens_to_reach_and_zero_share():
 
 def test_summary_by_hand():
     runs = {
-        "none": [run(0, [(0, 0.4), (100, 0.5), (200, 0.6)], correct="1100"),
-                 run(1, [(0, 0.4), (100, 0.7), (200, 0.7)], correct="1000")],
-        # +1 prompt of 4 on seed 0, +2 on seed 1: Δ 0.375 [0.375 ± 12.706 x 0.125], p = 0.205
-        "vade": [run(0, [(0, 0.4), (60, 0.6), (200, 0.8)], control={"control/pool": 3.0}, correct="1110",
+        "none": [run(0, [(0, 0.4), (100, 0.5), (200, 0.6)], correct=ones(50)),
+                 run(1, [(0, 0.4), (100, 0.7), (200, 0.7)], correct=ones(40))],
+        # +25 prompts of 100 on seed 0, +50 on seed 1: Δ 0.375 [0.375 ± 12.706 x 0.125], p = 0.205
+        "vade": [run(0, [(0, 0.4), (60, 0.6), (200, 0.8)], control={"control/pool": 3.0}, correct=ones(75),
                      trace=[[640.0, 0.5], [600.0, 0.5]]),
-                 run(1, [(0, 0.4), (100, 0.6), (200, 0.6)], zero=0.0, correct="1110", trace=[[500.0, 0.5]] * 2)],
-        NOISE_FLOOR: [run(0, [(0, 0.4), (200, 0.6)], correct="1010", trace=[[630.0, 0.5]] * 2),
-                      run(1, [(0, 0.4), (200, 0.7)], correct="1000", trace=[[620.0, 0.5]] * 2)],
+                 run(1, [(0, 0.4), (100, 0.6), (200, 0.6)], zero=0.0, correct=ones(90), trace=[[500.0, 0.5]] * 2)],
+        NOISE_FLOOR: [run(0, [(0, 0.4), (200, 0.6)], correct="0" + ones(50)[:-1], trace=[[630.0, 0.5]] * 2),
+                      run(1, [(0, 0.4), (200, 0.7)], correct=ones(40), trace=[[620.0, 0.5]] * 2)],
     }
     table = summarize(runs, ["none", "vade", NOISE_FLOOR])
     assert table["none"]["tokens_ratio"] == 1.0 and table["none"]["accuracy_mean"] == pytest.approx(0.65)
@@ -46,7 +50,7 @@ def test_summary_by_hand():
     assert v["seed_differences"] == [0.25, 0.5] and v["difference"] == pytest.approx(0.375)
     assert v["ci95"] == pytest.approx([0.375 - 12.7062 * 0.125, 0.375 + 12.7062 * 0.125], abs=1e-3)
     assert v["verdict"] == NO_DIFFERENCE and v["p"] == pytest.approx(0.2048, abs=1e-3)  # t = 3 on 1 df
-    assert (v["pairs"], v["departs_at"]) == (8, 1)  # seed 0 parts at step 2, seed 1 at step 1
+    assert (v["pairs"], v["departs_at"]) == (200, 1)  # seed 0 parts at step 2, seed 1 at step 1
     nf = table[NOISE_FLOOR]
     assert nf["seed_differences"] == [0.0, 0.0] and nf["verdict"] == NO_DIFFERENCE and nf["departs_at"] == 1
 

@@ -72,22 +72,40 @@ def test_t_distribution_matches_the_tables():
     assert t_two_sided_p(0.0, 3) == pytest.approx(1.0) and t_two_sided_p(math.inf, 3) == 0.0
 
 
+def ones(k, n=100):
+    return "1" * k + "0" * (n - k)
+
+
 def test_paired_effect_by_hand():
-    # seed 0: arm right on prompts 0, 1; baseline on 0 → +1/4. seed 1: +1 on two prompts, -1 on one → +1/4.
-    e = paired_effect({0: "1100", 1: "1110"}, {0: "1000", 1: "0101"})
-    assert e.seed_differences == [0.25, 0.25] and e.difference == 0.25 and e.ci95 == (0.25, 0.25)
-    assert (e.seeds, e.pairs, e.verdict) == (2, 8, "better")
-    # per-seed differences +0.5, -0.25, +0.25: mean 1/6, sd 0.3819, se 0.2205, t_2 = 4.3027
-    e = paired_effect({0: [1, 0], 1: [0, 0, 0, 0], 2: "1111"}, {0: [0, 0], 1: [1, 0, 0, 0], 2: "0111"})
+    # per-seed differences +0.5, -0.25, +0.25 on 100 prompts: mean 1/6, sd 0.3819, se 0.2205, t(2) = 4.3027
+    e = paired_effect({0: ones(50), 1: ones(0), 2: ones(75)}, {0: ones(0), 1: ones(25), 2: ones(50)})
     half = 4.302653 * np.std([0.5, -0.25, 0.25], ddof=1) / math.sqrt(3)
-    assert e.difference == pytest.approx(1 / 6) and e.ci95 == pytest.approx((1 / 6 - half, 1 / 6 + half), abs=1e-5)
-    assert e.verdict == NO_DIFFERENCE and 0.4 < e.p < 0.6
+    assert e.seed_differences == [0.5, -0.25, 0.25] and e.difference == pytest.approx(1 / 6)
+    assert e.ci95 == pytest.approx((1 / 6 - half, 1 / 6 + half), abs=1e-5)
+    t = (1 / 6) / (half / 4.302653)
+    assert e.p == pytest.approx(1 - t / math.sqrt(2 + t * t))  # the t(2) tail in closed form
+    assert e.verdict == NO_DIFFERENCE and (e.seeds, e.pairs) == (3, 300)
+    # the prompts' own noise: 50, 25, 25 prompts of 100 differ -> within-seed variances 0.2525, 0.1894, 0.1894
+    assert e.prompt_se == pytest.approx(math.sqrt((0.252525 + 0.189394 * 2) / 100) / 3, abs=1e-5)
     # a seed only one side ran is left out; one paired seed has no interval
     e = paired_effect({0: "11", 1: "11"}, {0: "01"})
     assert (e.seeds, e.ci95, e.p, e.verdict) == (1, None, None, NO_DIFFERENCE)
     assert paired_effect({0: "11"}, {0: "11"}).difference == 0.0
     with pytest.raises(ValueError, match="one eval set"):
         paired_effect({0: "110"}, {0: "11"})
+
+
+def test_the_standard_error_is_never_below_the_prompts():
+    """Three seeds, each +1 prompt of 4 (the seeds' sd is 0): the old rule's +25 [+25, +25] "better".
+    The prompts alone give se = sqrt(3 x 0.0625) / 3 = 0.1443: t = 1.73 on 2 df, no verdict."""
+    e = paired_effect({s: "1100" for s in range(3)}, {s: "1000" for s in range(3)})
+    assert e.seed_differences == [0.25] * 3 and e.prompt_se == pytest.approx(0.144338, abs=1e-6)
+    assert e.ci95 == pytest.approx((0.25 - 4.302653 * 0.144338, 0.25 + 4.302653 * 0.144338), abs=1e-5)
+    t = 0.25 / math.sqrt(3 * 0.0625) * 3
+    assert e.p == pytest.approx(1 - t / math.sqrt(2 + t * t)) and e.verdict == NO_DIFFERENCE
+    # the same +25 points on 100 prompts per seed: now the prompts leave little doubt
+    e = paired_effect({s: ones(75) for s in range(3)}, {s: ones(50) for s in range(3)})
+    assert e.verdict == "better" and e.p < 0.01
 
 
 def test_identical_runs_and_verdict_edges():

@@ -24,6 +24,13 @@ of its run's noise, close to normal, so the interval has its stated 95% coverage
 ``tests/test_stats.py`` checks the false-positive rate under a simulated null (seed-level and
 prompt-level noise) and the power against a real effect.
 
+**One guard.** The standard error is never taken below the one the prompts alone give
+(``prompt_se``: the within-seed variance of the paired differences over ``n_s``, pooled over seeds;
+each seed draws its own eval set, as ``arith`` and ``countdown`` do). With few seeds the sample
+sd can come out near 0 by chance — three differences of exactly +1 prompt of 200 — and such
+differences of a few discrete prompts are where the t test's normality fails; the floor only
+widens the interval, so the coverage stays at least the stated one.
+
 **Why not the bootstrap or a sign-flip test.** A percentile bootstrap over ``S`` seeds uses a
 critical value of about ``1.96 · √((S−1)/S)`` where ``t(0.975, S−1)`` is needed: at ``S = 3`` its
 interval is about ``[min, max]`` of the three differences, so three differences sharing a sign
@@ -158,19 +165,23 @@ class PairedEffect:
         return d
 
 
-def seed_test(diffs: Sequence[float], level: float = LEVEL) -> tuple[float, tuple[float, float] | None, float | None]:
-    """(mean, t interval at ``level``, two-sided p) of per-seed differences ``diffs``.
+def seed_test(diffs: Sequence[float], level: float = LEVEL, min_se: float = 0.0,
+              ) -> tuple[float, tuple[float, float] | None, float | None]:
+    """(mean, t interval at ``level``, two-sided p) of per-seed differences ``diffs``, the standard
+    error taken at least ``min_se``.
 
     >>> seed_test([0.25, 0.25, 0.25])
     (0.25, (0.25, 0.25), 0.0)
     >>> seed_test([0.2])
     (0.2, None, None)
+    >>> round(seed_test([0.25, 0.25, 0.25], min_se=0.1)[2], 3)  # t = 2.5 on 2 degrees of freedom
+    0.13
     """
     d = np.asarray(diffs, dtype=np.float64)
     mean = float(d.mean())
     if len(d) < 2:
         return mean, None, None
-    se = float(d.std(ddof=1)) / math.sqrt(len(d))
+    se = max(float(d.std(ddof=1)) / math.sqrt(len(d)), min_se)
     if se < 1e-15:  # every seed the same difference: exactly that, no doubt left
         return mean, (mean, mean), (1.0 if abs(mean) < 1e-15 else 0.0)
     half = t_quantile(0.5 + level / 2, len(d) - 1) * se
@@ -196,9 +207,9 @@ def paired_effect(arm: Mapping[Hashable, object], baseline: Mapping[Hashable, ob
     """The arm's effect against the baseline, from per-prompt correctness on each seed
     (``{seed: correctness}``, strings or 0/1 sequences); seeds missing from either side are left out.
 
-    >>> e = paired_effect({0: "1100", 1: "1110"}, {0: "1000", 1: "0110"})
-    >>> e.difference, e.seed_differences, e.pairs, e.verdict
-    (0.25, [0.25, 0.25], 8, 'better')
+    >>> e = paired_effect({0: "1100", 1: "1110"}, {0: "1000", 1: "0110"})  # +1 prompt of 4 on each seed
+    >>> e.difference, e.seed_differences, e.pairs, round(e.prompt_se, 4), e.verdict
+    (0.25, [0.25, 0.25], 8, 0.1768, 'no detectable difference')
     """
     seeds = [s for s in arm if s in baseline]
     diffs, within = [], []
@@ -212,8 +223,8 @@ def paired_effect(arm: Mapping[Hashable, object], baseline: Mapping[Hashable, ob
         within.append(float(d.var(ddof=1)) / len(d) if len(d) > 1 else 0.0)
     if not seeds:
         return PairedEffect(float("nan"), None, None, [], 0, 0, float("nan"), NO_DIFFERENCE)
-    mean, ci, p = seed_test(diffs)
     prompt_se = math.sqrt(sum(within)) / len(seeds)  # se of the mean of D_s if only prompts varied
+    mean, ci, p = seed_test(diffs, min_se=prompt_se)
     pairs = sum(len(correctness(arm[s])) for s in seeds)
     return PairedEffect(mean, ci, p, diffs, len(seeds), pairs, prompt_se, verdict(ci, p))
 

@@ -42,7 +42,8 @@ def test_dapo_clip_higher_is_the_partial_one():
 def test_explicit_settings_win_over_the_preset():
     assert cfg("objective.method=dapo", "control.method=none").control.method == "none"
     assert cfg("objective.method=dapo", "control.method=xrpo_alloc").control.method == "xrpo_alloc"
-    assert not cfg("objective.method=dapo", "objective.mask_truncated_completions=false").objective.mask_truncated_completions
+    unmasked = cfg("objective.method=dapo", "objective.mask_truncated_completions=false")
+    assert not unmasked.objective.mask_truncated_completions
     c = cfg("objective.method=dapo", "control.dynamic_sampling.max_rounds=1")  # options alone keep the method
     assert c.control.method == "dynamic_sampling" and c.control.dynamic_sampling.max_rounds == 1
     assert cfg("control.method=dynamic_sampling").objective.method == "grpo"  # control alone changes no objective

@@ -168,8 +168,8 @@ def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives
         "rewards": {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in builtin_rewards().items()},
         "objectives": {name: ", ".join([f"{k}={v}" for k, v in preset.items()]
                                        + [f"{section}.{k}={v}" for section, fill in PRESET_SECTIONS.get(name, {}).items()
-                                          for k, v in fill.items()])
-                       + f"  ({_off_policy_note(name)})" for name, preset in PRESETS.items()},
+                                          for k, v in fill.items()]) + f"  ({_off_policy_note(name)})"
+                       for name, preset in PRESETS.items()},
         "strategies": STRATEGIES,
         "controllers": CONTROLLERS,
         "replay": REPLAY_METHODS,

@@ -206,8 +206,11 @@ def off_policy_source(data: dict) -> str | None:
     sections = {}
     for name, model in (("train", TrainConfig), ("replay", ReplayConfig), ("rollout", RolloutConfig)):
         raw = data.get(name)
+        if isinstance(raw, model):
+            sections[name] = raw
+            continue
         try:
-            sections[name] = raw if isinstance(raw, model) else model.model_validate(raw if isinstance(raw, dict) else {})
+            sections[name] = model.model_validate(raw if isinstance(raw, dict) else {})
         except ValidationError:
             sections[name] = model()
     train, replay, rollout = sections["train"], sections["replay"], sections["rollout"]

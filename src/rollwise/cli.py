@@ -161,15 +161,11 @@ def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives
     from rollwise.replay import REPLAY_METHODS
     from rollwise.optim.objective import PRESETS
     from rollwise.tasks.registry import TASKS
-    from rollwise.train.config import PRESET_SECTIONS
 
     tables = {
         "tasks": {name: (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "" for name, cls in TASKS.items()},
         "rewards": {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in builtin_rewards().items()},
-        "objectives": {name: ", ".join([f"{k}={v}" for k, v in preset.items()]
-                                       + [f"{section}.{k}={v}" for section, fill in PRESET_SECTIONS.get(name, {}).items()
-                                          for k, v in fill.items()]) + f"  ({_off_policy_note(name)})"
-                       for name, preset in PRESETS.items()},
+        "objectives": {name: _objective_row(name, preset) for name, preset in PRESETS.items()},
         "strategies": STRATEGIES,
         "controllers": CONTROLLERS,
         "replay": REPLAY_METHODS,
@@ -182,6 +178,15 @@ def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives
             console.print(f"[bold]{name}[/]")
             for key, doc in rows.items():
                 console.print(f"  {key:<18} {doc}", highlight=False, soft_wrap=True)
+
+
+def _objective_row(method: str, preset: dict) -> str:
+    """A preset's fields, the other sections it fills (dapo: control.method) and its off-policy note."""
+    from rollwise.train.config import PRESET_SECTIONS
+
+    fields = [f"{k}={v}" for k, v in preset.items()]
+    fields += [f"{section}.{k}={v}" for section, fill in PRESET_SECTIONS.get(method, {}).items() for k, v in fill.items()]
+    return ", ".join(fields) + f"  ({_off_policy_note(method)})"
 
 
 def _off_policy_note(method: str) -> str:

@@ -185,7 +185,8 @@ def _objective_row(method: str, preset: dict) -> str:
     from rollwise.train.config import PRESET_SECTIONS
 
     fields = [f"{k}={v}" for k, v in preset.items()]
-    fields += [f"{section}.{k}={v}" for section, fill in PRESET_SECTIONS.get(method, {}).items() for k, v in fill.items()]
+    for section, fill in PRESET_SECTIONS.get(method, {}).items():
+        fields += [f"{section}.{k}={v}" for k, v in fill.items()]
     return ", ".join(fields) + f"  ({_off_policy_note(method)})"
 
 

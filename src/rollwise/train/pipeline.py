@@ -35,8 +35,9 @@ the trainer still trains what was queued before it, then re-raises the producer'
 
 Source: AReaL ("AReaL: A Large-Scale Asynchronous Reinforcement Learning System for Language
 Reasoning", 2025), staleness-bounded admission and the decoupled PPO objective
-(``objective.method: decoupled_ppo``; every objective with ``tis_mode`` ≠ none corrects the
-behaviour/proximal gap). Departures: admission is per batch (a step's groups), not per
+(``objective.method: decoupled_ppo``; with ``max_staleness >= 1`` every objective whose recipe
+sets no ``tis_mode`` gets its ``token_truncate`` weight on the behaviour/proximal gap —
+``sequence_mask``, the sync default, is a 0/1 filter that would train stale tokens at weight 1). Departures: admission is per batch (a step's groups), not per
 request; a batch is sampled entirely by one version (no weight update inside a batch), which
 makes staleness exactly ``k`` after warm-up rather than at most ``k``.
 """

@@ -114,7 +114,8 @@ class ObjectiveConfig(StrictModel):
     mask_truncated_completions: bool = Field(False, description="rollouts cut at max_new_tokens carry no gradient")
     tis_mode: TISMode = Field(
         "sequence_mask", description="behaviour-vs-trainer importance correction (tis_mis; TRL's "
-        "vllm_importance_sampling_mode; none = off)")
+        "vllm_importance_sampling_mode; none = off); runs with stale tokens (async k >= 1, replay, april) that "
+        "leave it unset get token_truncate")
     tis_cap: float | None = Field(None, gt=0, description="IS cap C (default 3 for sequence modes, 2 for token modes)")
     tis_cap_min: float = Field(0.0, ge=0, description="sequence_mask also drops sequences with Π w below this")
     tree_adv: bool = Field(True, description="tree groups get tree advantages (tree_adv); a node shared by k "

@@ -85,6 +85,13 @@ def test_identical_arms_are_one_row():
     assert merged["departs_at"] == 3 and merged["verdict"] == NO_DIFFERENCE
     # cispo alone in another regime is its own row, against that regime's baseline
     assert table["objective:cispo@epochs2"]["ids"] == ["objective:cispo@epochs2"]
+    # identity is looked for within a regime: runs equal to the baseline's, in the epochs2 table, stay there
+    runs, arms = ledger_runs()
+    runs += [run("objective:gspo@epochs2", s) for s in range(5)]
+    table = summarize(runs, [*arms, "objective:gspo@epochs2"])
+    assert table[BASELINE]["ids"] == [BASELINE, "objective:gspo"]
+    assert table["objective:gspo@epochs2"]["ids"] == ["objective:gspo@epochs2"]
+    assert table["objective:gspo@epochs2"]["difference"] == pytest.approx(0.2)  # against baseline@epochs2 (30/100)
 
 
 def test_three_seeds_sharing_a_sign_are_not_a_verdict():

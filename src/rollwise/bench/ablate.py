@@ -324,12 +324,15 @@ def summarize(runs: list[dict], arms: list[str]) -> dict[str, dict]:
 
 
 def _merge_identical(table: dict[str, dict], by_arm: dict[str, dict[int, dict]]) -> dict[str, dict]:
-    """One row per group of arms whose runs are identical on every seed, kept under its first baseline
-    (an arm identical to the baseline is the baseline) or else its first arm, listing every id."""
+    """One row per group of arms of one regime whose runs are identical on every seed, kept under the
+    regime's baseline (an arm identical to the baseline is the baseline) or else its first arm,
+    listing every id."""
     prints = {arm: {s: _fingerprint(r) for s, r in by_arm[arm].items()} for arm, row in table.items()
               if "refused" not in row and all(_fingerprint(r) is not None for r in by_arm[arm].values())}
+    regimes = dict.fromkeys(split_arm(arm)[1] for arm in prints)
     merged = dict(table)
-    for group in identical_groups(prints):
+    for group in (g for r in regimes for g in identical_groups({a: p for a, p in prints.items()
+                                                                if split_arm(a)[1] == r})):
         if len(group) < 2:
             continue
         keep = next((a for a in group if a == baseline_of(a)), group[0])  # a baseline keeps its row

@@ -95,7 +95,8 @@ def test_identical_arms_are_one_row():
 
 
 def test_three_seeds_sharing_a_sign_are_not_a_verdict():
-    """The old rule (a bootstrap over 3 seeds ≈ [min, max]) called +10, +10, +30 of 100 "better"; the t rule does not."""
+    """The old rule (a bootstrap over 3 seeds ≈ [min, max]) called +10, +10, +30 of 100 "better";
+    the t rule does not."""
     s = summarize(*ledger_runs())["objective:sapo"]
     assert all(d > 0 for d in s["seed_differences"]) and s["seeds"] == 3
     assert s["ci95"][0] < 0 < s["ci95"][1] and s["verdict"] == NO_DIFFERENCE
@@ -176,8 +177,8 @@ def test_bench_ablate_smoke_resumes(tmp_path):
     nf = table[NOISE_FLOOR]
     assert nf["departs_at"] == 1 and nf["pairs"] == 16 and nf["ids"] == [NOISE_FLOOR]
     for seed in (0, 1):
-        evals = [[json.loads(x) for x in (out / "runs" / f"arith_{arm}_{seed}" / "evals.jsonl").read_text().splitlines()]
-                 for arm in (BASELINE, NOISE_FLOOR)]
+        evals = [[json.loads(x) for x in (out / "runs" / f"arith_{arm}_{seed}" / "evals.jsonl").read_text()
+                  .splitlines()] for arm in (BASELINE, NOISE_FLOOR)]
         assert evals[0][0]["prompt_ids"] == evals[1][0]["prompt_ids"] and len(evals[0][0]["correct"]) == 8
         assert [e["correct"] for e in evals[0]] == records[BASELINE, seed]["eval_correct"]
     config = (out / "runs" / f"arith_{NOISE_FLOOR}_1" / "config.yaml").read_text()

@@ -115,8 +115,8 @@ def test_bench_async_noise_floor_smoke(tmp_path):
     from rollwise.cli import app
 
     out = tmp_path / "async.json"
-    result = CliRunner().invoke(app, ["bench", "async", "--json", str(out), "--set", "arms=[sync,noise_floor]", "--set", "sync_threads=1",
-                                      "--set", "seeds=[0,1]", "--set", "steps=2", "--set", "sft_steps=5",
+    result = CliRunner().invoke(app, ["bench", "async", "--json", str(out), "--set", "arms=[sync,noise_floor]",
+                                      "--set", "sync_threads=1", "--set", "seeds=[0,1]", "--set", "steps=2", "--set", "sft_steps=5",
                                       "--set", "eval_size=8", "--set", "eval_every=2", "--set", "max_digits=1",
                                       "--set", "max_new_tokens=16", "--set", "prompts_per_step=4",
                                       "--set", "num_generations=4"])

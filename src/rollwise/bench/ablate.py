@@ -158,10 +158,13 @@ def baseline_of(arm: str) -> str:
 def arm_lines(arm: str) -> list[str]:
     """The config lines an arm changes from the baseline (the noise floor's is its sampling seed)."""
     body, regime = split_arm(arm)
-    lines = [] if body in (BASELINE, NOISE_FLOOR) else [f"{STAGE_KEYS[body.partition(':')[0]]}="
-                                                         f"{body.partition(':')[2]}", *ARM_EXTRAS.get(body, [])]
-    if body == NOISE_FLOOR:
-        lines = [f"sampling_seed=seed+{NOISE_SEED_OFFSET}"]
+    stage, _, name = body.partition(":")
+    if body == BASELINE:
+        lines = []
+    elif body == NOISE_FLOOR:
+        lines = [f"sampling_seed=seed+{NOISE_SEED_OFFSET}"]  # _run sets the number
+    else:
+        lines = [f"{STAGE_KEYS[stage]}={name}", *ARM_EXTRAS.get(body, [])]
     return lines + (REGIMES[regime] if regime else [])
 
 

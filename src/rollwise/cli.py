@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -163,12 +164,11 @@ def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives
     from rollwise.tasks.registry import TASKS
 
     tables = {
-        "tasks": {name: (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "" for name, cls in TASKS.items()},
-        "rewards": {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in builtin_rewards().items()},
+        "tasks": {name: plain_summary(cls.__doc__) for name, cls in TASKS.items()},
+        "rewards": {name: plain_summary(fn.__doc__) for name, fn in builtin_rewards().items()},
         "objectives": {name: _objective_row(name, preset) for name, preset in PRESETS.items()},
-        "strategies": STRATEGIES,
-        "controllers": CONTROLLERS,
-        "replay": REPLAY_METHODS,
+        **{name: {key: plain_summary(doc) for key, doc in rows.items()}
+           for name, rows in (("strategies", STRATEGIES), ("controllers", CONTROLLERS), ("replay", REPLAY_METHODS))},
     }
     if what != "all" and what not in tables:
         console.print(f"[red]error:[/] unknown list '{what}'; choose one of {', '.join(tables)}, all")
@@ -177,7 +177,21 @@ def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives
         if what in ("all", name):
             console.print(f"[bold]{name}[/]")
             for key, doc in rows.items():
-                console.print(f"  {key:<18} {doc}", highlight=False, soft_wrap=True)
+                console.print(f"  {key:<18} {doc}", highlight=False, markup=False, soft_wrap=True)
+
+
+def plain_summary(doc: str | None) -> str:
+    r"""A docstring's first paragraph as one line of plain text: ``rollwise list`` prints words, not
+    reStructuredText (double backquotes, ``:role:`` prefixes and single backquotes are dropped).
+
+    >>> plain_summary(":func:`check` each completion:\n  the number after ``#`` equals ``answer``.\n\nMore.")
+    'check each completion: the number after # equals answer.'
+    """
+    first = (doc or "").strip().split("\n\n")[0]
+    text = " ".join(first.split())
+    text = re.sub(r"``(.+?)``", r"\1", text)
+    text = re.sub(r":[a-z]+(?::[a-z]+)?:`(.+?)`", r"\1", text)
+    return re.sub(r"`([^`]+)`", r"\1", text)
 
 
 def _objective_row(method: str, preset: dict) -> str:

@@ -17,7 +17,7 @@ from rollwise.control import ControlConfig, Controller, PromptCursor, PromptStat
 from rollwise.control.base import ROUND_CAP, equal_split, proportional_split
 from rollwise.control.dars import Dars, DarsConfig, cumulative_advantage, dars_extra
 from rollwise.control.difficulty import DifficultyConfig, DifficultySelect, estimate_difficulty
-from rollwise.control.dynamic import DynamicSampling, DynamicSamplingConfig, informative
+from rollwise.control.dynamic_sampling import DynamicSampling, DynamicSamplingConfig, informative
 from rollwise.control.gdro import (
     Gdro,
     GdroConfig,

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rollwise.control.dynamic import DynamicSampling, DynamicSamplingConfig
+from rollwise.control.dynamic_sampling import DynamicSampling, DynamicSamplingConfig
 from rollwise.optim.advantages import is_zero_signal as optim_is_zero_signal
 from rollwise.optim.advantages import no_spread
 from rollwise.optim.batch import build_batch
@@ -23,7 +23,7 @@ def group(rewards: list[float]) -> RolloutGroup:
     return RolloutGroup(Prompt("p", "x"), rollouts)
 
 
-def old_dynamic_informative(rewards):  # dynamic.py before: population std > 1e-6, absolute
+def old_dynamic_informative(rewards):  # dynamic_sampling.py before: population std > 1e-6, absolute
     mean = sum(rewards) / len(rewards)
     return math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) > 1e-6
 

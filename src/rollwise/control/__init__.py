@@ -19,7 +19,7 @@ from rollwise.control.arrol import ArrolConfig
 from rollwise.control.base import Controller, PromptCursor
 from rollwise.control.dars import DarsConfig
 from rollwise.control.difficulty import DifficultyConfig
-from rollwise.control.dynamic import DynamicSamplingConfig
+from rollwise.control.dynamic_sampling import DynamicSamplingConfig
 from rollwise.control.gdro import GdroConfig
 from rollwise.control.stats import PromptStats
 from rollwise.control.vade import VadeConfig
@@ -87,7 +87,7 @@ def build_controller(control: ControlConfig, rollout, seed: int, embed=None) -> 
     from rollwise.control.arrol import Arrol
     from rollwise.control.dars import Dars
     from rollwise.control.difficulty import DifficultySelect
-    from rollwise.control.dynamic import DynamicSampling
+    from rollwise.control.dynamic_sampling import DynamicSampling
     from rollwise.control.gdro import Gdro
     from rollwise.control.vade import Vade
     from rollwise.control.xrpo import XrpoAlloc

@@ -71,3 +71,51 @@ def test_a_wrong_option_is_caught():
     for tokens in (["train", "--config", "recipes/demo.yaml"], ["bench", "nosuch"]):
         with pytest.raises(AssertionError):
             assert_parses(tokens)
+
+
+# -- docs/config.md is generated from the typed config ------------------------------------------
+def test_config_reference_is_current():
+    """docs/config.md is what the config classes say now (regenerate: python scripts/gen_config_docs.py)."""
+    from rollwise.config_reference import config_reference
+    from rollwise.train.config import RunConfig
+
+    assert (ROOT / "docs" / "config.md").read_text() == config_reference(RunConfig), (
+        "docs/config.md is stale: run python scripts/gen_config_docs.py")
+
+
+def test_config_reference_reads_any_model():
+    """The generator walks model_fields: a nested section, a list of items, a tagged union, ranges, defaults."""
+    from typing import Annotated, Literal, Union
+
+    from pydantic import BaseModel, Field
+
+    from rollwise.config_reference import config_reference
+
+    class Inner(BaseModel):
+        """Inner options."""
+
+        k: int = Field(3, ge=1, le=9, description="how | many")
+
+    class A(BaseModel):
+        name: Literal["a"] = "a"
+        x: float = 0.5
+
+    class B(BaseModel):
+        name: Literal["b"] = "b"
+        items: list[Inner] = Field(default_factory=lambda: [Inner()])
+
+    class Outer(BaseModel):
+        inner: Inner = Field(default_factory=Inner)
+        pick: Annotated[Union[A, B], Field(discriminator="name")] = Field(default_factory=A)
+        tags: list[str] | None = Field(None, description="labels")
+
+    text = config_reference(Outer)
+    rows = [r for r in text.splitlines() if r.startswith("| `")]
+    assert "| `inner.k` | `int` (≥ 1, ≤ 9) | `3` | how \\| many |" in rows
+    assert "| `tags` | `list[str]` \\| null | `null` | labels |" in rows
+    assert "| `pick.x` | `float` | `0.5` | picks these keys (name: a) |" not in rows  # only name gets that text
+    assert "| `pick.name` | `b` | `b` | picks these keys (name: b) |" in rows
+    assert "| `pick.items[].k` | `int` (≥ 1, ≤ 9) | `3` | how \\| many |" in rows
+    assert "| `pick.items` | list of items ↓ | `[{k: 3}]` | Inner options. |" in rows
+    assert "`pick.name` picks one of: `a`, `b`; each has its own keys." in text
+    assert "| [`inner`](#inner) | Inner options. | `k` |" in rows

@@ -24,8 +24,8 @@ Both kinds of extra round are capped (``max_rounds`` per controller, never above
 ``PromptStats`` (``control/stats.py``) is updated by the loop after every scored round, so
 ``extend`` and the next step see this step's outcomes.
 
-Randomness: a controller draws from ``rng(step, salt)``, a generator seeded by the run seed
-and the step, never from global state, so a resumed run draws the same numbers.
+Randomness: a controller draws from ``rng(salt)``, a generator fixed by (run seed, step, salt)
+(``rollwise.seeds.rng``), never from global state, so a resumed run draws the same numbers.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rollwise import seeds
 from rollwise.control.stats import PromptStats
 from rollwise.types import Prompt, RolloutGroup
 
@@ -140,7 +141,7 @@ class Controller:
 
     def rng(self, salt: int = 0) -> np.random.Generator:
         """A generator fixed by (run seed, step, salt): resumes draw the same numbers."""
-        return np.random.default_rng([self.seed, self.step, salt])
+        return seeds.rng(self.seed, self.step, salt)
 
 
 def equal_split(budget: int, n: int) -> list[int]:

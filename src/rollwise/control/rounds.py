@@ -2,8 +2,13 @@
 ``accept`` + refill (fresh prompts for dropped groups), both capped.
 
 The trainer passes ``run_round(prompts, budgets, salt) -> (groups, sampled_tokens)``, which
-generates, scores and records the groups in ``PromptStats``; everything here is plain list
-work, so the caps and the bookkeeping are tested without a model (tests/test_control.py).
+generates, scores and records the groups in ``PromptStats``; the salt names the round
+(``rollwise.seeds.extend_round(n)``, ``refill_round(n)``) and fixes its seed. Everything here
+is plain list work, so the caps and the bookkeeping are tested without a model
+(tests/test_control.py).
+
+``PromptPrefixes`` keeps a step's prompt prefixes cached in the engine while a controller
+that extends runs its rounds, so an extend round copies them instead of prefilling again.
 
 Extra rollouts of a prompt join its group (``merge_group``): a flat group gains rollouts; a
 tree group gains the new round's root branches as further children of its root, so
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rollwise import seeds
 from rollwise.control.base import ROUND_CAP, Controller, PromptCursor
 from rollwise.control.stats import PromptStats
 from rollwise.types import Prompt, RolloutGroup, Tree
@@ -34,7 +40,7 @@ def extend_rounds(controller: Controller, stats: PromptStats, groups: list[Rollo
         if not wanted:
             break
         rounds += 1
-        new, sampled = run_round([g.prompt for g, _ in wanted], [k for _, k in wanted], 100 + rounds)
+        new, sampled = run_round([g.prompt for g, _ in wanted], [k for _, k in wanted], seeds.extend_round(rounds))
         for (g, _), more in zip(wanted, new):
             merge_group(g, more)
         remaining = max(0, remaining - sum(extra))
@@ -65,7 +71,7 @@ def accept_and_refill(controller: Controller, stats: PromptStats, source: Prompt
         rounds += 1
         prompts = controller.select_prompts(source, stats, want - len(kept))
         budgets = controller.allocate(prompts, stats, budget_per_prompt * len(prompts))
-        last, sampled = run_round(prompts, budgets, rounds)
+        last, sampled = run_round(prompts, budgets, seeds.refill_round(rounds))
         tokens += sampled
         for g in last:
             if controller.accept(g):
@@ -76,6 +82,33 @@ def accept_and_refill(controller: Controller, stats: PromptStats, source: Prompt
                "control/dropped_groups": float(dropped), "control/kept_groups": float(min(len(kept), want)),
                "control/cap_hit": float(len(kept) < want)}
     return (kept[:want] or last), metrics
+
+
+class PromptPrefixes:
+    """``with PromptPrefixes(controller, engine, n):`` — for a controller that extends (XRPO, DARS)
+    on an engine that can (``SlotEngine.keep_prefixes``), the engine keeps the cached prefixes of
+    the step's ``n`` prompts until the block ends, so an extend round for a prompt copies its
+    prefix instead of prefilling it again. ``metrics()`` then gives the prompt tokens reused
+    (``control/prefix_reused_tokens``; nothing for other controllers or engines)."""
+
+    def __init__(self, controller: Controller, engine, n: int) -> None:
+        self.engine, self.n = engine, n
+        self.active = controller.extends and hasattr(engine, "keep_prefixes")
+        self.reused: int | None = None
+
+    def __enter__(self) -> "PromptPrefixes":
+        if self.active:
+            self.engine.keep_prefixes(self.n)
+            self.before = self.engine.stats.prefix_cache_tokens
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.active:
+            self.engine.keep_prefixes(0)
+            self.reused = self.engine.stats.prefix_cache_tokens - self.before
+
+    def metrics(self) -> dict[str, float]:
+        return {} if self.reused is None else {"control/prefix_reused_tokens": float(self.reused)}
 
 
 def merge_group(into: RolloutGroup, more: RolloutGroup) -> None:

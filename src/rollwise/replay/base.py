@@ -21,16 +21,18 @@ The loop calls a replay method at fixed points of a step:
 ``replay.method: none`` (this class) is on-policy training: ``compose`` returns ``fresh``
 itself, one update per step, nothing kept.
 
-Randomness: a method draws from ``rng(step, salt)``, a generator seeded by (run seed, step,
-salt), never from global state, so a resumed run draws the same numbers. ``state_dict`` holds
-the buffer (the ``RolloutGroup`` records themselves) and every counter; it goes through
-``torch.save``/``torch.load(weights_only=False)`` as it is.
+Randomness: a method draws from ``rng(step, salt)``, a generator fixed by (run seed, step,
+salt) (``rollwise.seeds.rng``; the salts are named there), never from global state, so a
+resumed run draws the same numbers. ``state_dict`` holds the buffer (the ``RolloutGroup``
+records themselves) and every counter; it goes through ``torch.save``/``torch.load(weights_only=False)``
+as it is.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from rollwise import seeds
 from rollwise.replay.buffer import birth_version
 from rollwise.types import RolloutGroup
 
@@ -70,7 +72,7 @@ class Replay:
 
     def rng(self, step: int, salt: int = 0) -> np.random.Generator:
         """A generator fixed by (run seed, step, salt): resumes draw the same numbers."""
-        return np.random.default_rng([self.seed, step, salt])
+        return seeds.rng(self.seed, step, salt)
 
 
 def mean_length(groups: list[RolloutGroup]) -> float:

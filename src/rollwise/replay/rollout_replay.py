@@ -30,12 +30,11 @@ import math
 
 from pydantic import Field
 
+from rollwise import seeds
 from rollwise.config import StrictModel
 from rollwise.replay.base import Replay, age_metrics, mean_length
 from rollwise.replay.buffer import ReplayBuffer
 from rollwise.types import RolloutGroup
-
-SAMPLE_SALT = 1  # rng(step, SAMPLE_SALT) draws the replayed groups
 
 
 class RolloutReplayConfig(StrictModel):
@@ -93,7 +92,7 @@ class RolloutReplay(Replay):
         want = self.planned.pop(step, None)
         if want is None:  # fresh_prompts was not asked for this step: serve the share of the whole batch
             want = round(len(fresh) * self.share / (1 - self.share))
-        served = self.buffer.sample(want, self.rng(step, SAMPLE_SALT), version)
+        served = self.buffer.sample(want, self.rng(step, seeds.REPLAY_SAMPLE), version)
         self.buffer.add([g for g in fresh if has_signal(g) or not self.skip_zero_signal], version)
         self.last = (step, version)
         self.planned = {s: k for s, k in self.planned.items() if s > step}  # plans of steps that never came

@@ -118,4 +118,4 @@ def test_config_reference_reads_any_model():
     assert "| `pick.items[].k` | `int` (≥ 1, ≤ 9) | `3` | how \\| many |" in rows
     assert "| `pick.items` | list of items ↓ | `[{k: 3}]` | Inner options. |" in rows
     assert "`pick.name` picks one of: `a`, `b`; each has its own keys." in text
-    assert "| [`inner`](#inner) | Inner options. | `k` |" in rows
+    assert "| [`inner`](#inner) | Inner options. | `k` |" in text.splitlines()

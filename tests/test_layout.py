@@ -1,6 +1,28 @@
 """Dependencies point one way (DESIGN.md): train uses the stages; stages use engine, model and
 the core types; the engine imports nothing of ours but the core types; nothing imports train
-or cli. Checked on the source's import statements (function-level imports included)."""
+or cli. Checked on the source's import statements (function-level and relative imports
+included) for every package and top-level module under ``src/rollwise``.
+
+The rule table, top to bottom (a row lists what its package may import besides itself and
+the core modules ``config`` and ``types``):
+
+| package  | may import                                                    | why                                   |
+|----------|---------------------------------------------------------------|---------------------------------------|
+| cli      | everything                                                    | the front door: `rollwise train/bench/...` |
+| bench    | everything but cli                                            | comparisons sit on top of the library |
+| train    | every stage, engine, model, tasks, eval, report, dist         | the loop orchestrates                 |
+| dist     | engine, model, filter, generate                               | a worker runs Generate (+ Filter)     |
+| eval     | engine, filter, generate                                      | samples and judges held-out prompts   |
+| tasks    | filter                                                        | a task names its reward               |
+| generate | engine                                                        | strategies drive the engine           |
+| optim    | model                                                         | log-probs of the policy               |
+| control, filter, replay, report | nothing                                | plain records in, decisions out       |
+| model    | engine                                                        | the packed forward reuses the engine's layers |
+| engine   | nothing                                                       | token ids in, token ids out           |
+
+So nothing but cli imports bench, nothing but cli and bench imports train, and only train
+(and what sits above it) imports dist.
+"""
 
 import ast
 from pathlib import Path
@@ -10,30 +32,56 @@ import pytest
 import rollwise
 
 ROOT = Path(rollwise.__file__).parent
-# package -> rollwise packages/modules it must never import
-FORBIDDEN = {
-    "filter": {"tasks", "train", "cli", "bench", "generate", "optim"},
-    "generate": {"tasks", "filter", "train", "cli", "bench", "optim", "control"},
-    "optim": {"tasks", "filter", "train", "cli", "bench", "generate"},
-    "control": {"tasks", "filter", "train", "cli", "bench", "generate", "optim"},
-    "report": {"tasks", "filter", "train", "cli", "bench", "generate", "optim", "control", "engine", "model", "replay"},
-    "replay": {"tasks", "filter", "train", "cli", "bench", "generate", "optim", "control", "engine", "model"},
-    "engine": {"tasks", "filter", "train", "cli", "bench", "generate", "optim", "model", "eval"},
-    "model": {"tasks", "filter", "train", "cli", "bench", "generate", "optim"},
-    "tasks": {"train", "cli", "bench", "generate", "optim"},
-    "eval": {"train", "cli", "bench", "optim"},
+CORE = {"config", "types"}  # every package may import these
+EVERYTHING = {"bench", "cli", "config", "control", "dist", "engine", "eval", "filter", "generate", "model", "optim",
+              "replay", "report", "tasks", "train", "types"}
+STAGES = {"generate", "filter", "control", "replay", "optim"}
+ALLOWED = {
+    "cli": EVERYTHING,
+    "bench": EVERYTHING - {"cli"},
+    "train": STAGES | {"engine", "model", "tasks", "eval", "report", "dist"},
+    "dist": {"engine", "model", "filter", "generate"},
+    "eval": {"engine", "filter", "generate"},
+    "tasks": {"filter"},
+    "generate": {"engine"},
+    "optim": {"model"},
+    "control": set(),
+    "filter": set(),
+    "replay": set(),
+    "report": set(),
+    "model": {"engine"},
+    "engine": set(),
+    "config": set(),
+    "types": set(),
 }
 
 
-def rollwise_imports(path: Path) -> set[str]:
-    """The first component under ``rollwise`` of every import in ``path`` (``rollwise.filter.x`` → ``filter``)."""
+def units() -> list[str]:
+    """Every package and top-level module under ``src/rollwise`` (``__init__`` aside)."""
+    return sorted(p.stem for p in ROOT.iterdir()
+                  if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__"))
+
+
+def files(unit: str) -> list[Path]:
+    path = ROOT / unit
+    return sorted(path.rglob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
+
+
+def rollwise_imports(path: Path, source: str | None = None) -> set[str]:
+    """The first component under ``rollwise`` of every import in ``path`` (or in ``source`` as if it
+    stood at ``path``): ``rollwise.filter.x`` → ``filter``; ``from ..filter import x`` is resolved
+    against ``path``'s package."""
+    package = list(path.relative_to(ROOT.parent).parts[:-1])  # rollwise/generate/group.py: rollwise.generate
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source)):
         names = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
+        elif isinstance(node, ast.ImportFrom):  # relative: level 1 is this package
+            base = package[: len(package) - node.level + 1]
+            names = [".".join(base + ([node.module] if node.module else [a.name for a in node.names][:1]))]
         for name in names:
             parts = name.split(".")
             if parts[0] == "rollwise" and len(parts) > 1:
@@ -41,17 +89,37 @@ def rollwise_imports(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
-def test_package_imports_point_one_way(package):
+def test_every_package_has_a_rule():
+    """A new package or top-level module needs a row in ``ALLOWED`` (and the table above)."""
+    assert units() == sorted(ALLOWED)
+    assert set(ALLOWED) == EVERYTHING
+
+
+@pytest.mark.parametrize("unit", sorted(ALLOWED))
+def test_package_imports_point_one_way(unit):
+    allowed = ALLOWED[unit] | CORE | {unit}
     bad = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
-        wrong = rollwise_imports(path) & FORBIDDEN[package]
+    for path in files(unit):
+        wrong = rollwise_imports(path) - allowed
         if wrong:
             bad[str(path.relative_to(ROOT))] = sorted(wrong)
     assert bad == {}, bad
 
 
+def test_nothing_below_imports_bench_train_or_dist():
+    def importers(unit):
+        return {u for u, ok in ALLOWED.items() if unit in ok and u != unit}
+
+    assert importers("bench") == {"cli"}
+    assert importers("train") == {"cli", "bench"}
+    assert importers("dist") == {"cli", "bench", "train"}
+
+
 def test_the_scan_sees_imports():
-    """The check can fail: it finds the imports a module really has."""
+    """The check can fail: it finds the imports a module really has, relative ones included."""
     assert {"filter", "tasks", "train"} <= rollwise_imports(ROOT / "cli.py") | rollwise_imports(ROOT / "train" / "loop.py")
     assert "types" in rollwise_imports(ROOT / "filter" / "arith.py")
+    assert {"engine", "generate"} <= rollwise_imports(ROOT / "dist" / "worker.py")
+    relative = "from ..train import loop\nfrom . import base\nfrom .. import bench\n"
+    assert rollwise_imports(ROOT / "generate" / "group.py", relative) == {"train", "generate", "bench"}
+    assert rollwise_imports(ROOT / "dist" / "__init__.py", "from .pool import WorkerPool\n") == {"dist"}

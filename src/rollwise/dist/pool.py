@@ -87,7 +87,7 @@ class WorkerPool:
         if res.resources:
             options["resources"] = dict(res.resources)
         self.actor = ray.remote(worker_cls or RolloutWorker).options(**options)
-        self.init_args = (cfg.model_dump(mode="json"),)
+        self.init_args = (cfg.model_dump(mode="json"), type(cfg))  # the worker validates it with the driver's class
         self.init_kwargs = {"threads": max(1, int(res.num_cpus)), "score": self.scores,
                             "device": "cuda" if res.num_gpus > 0 else "cpu"}
         self.workers = [self.spawn() for _ in range(r.workers)]

@@ -34,19 +34,21 @@ class ShardResult:
 
 
 class RolloutWorker:
-    def __init__(self, config: dict, *, threads: int = 1, score: bool = True, device: str = "cpu"):
+    """``config`` is the run's config as JSON data and ``config_type`` its class (``RunConfig``),
+    handed in by the driver: dist/ sits below train/ and imports nothing of it."""
+
+    def __init__(self, config: dict, config_type: type, *, threads: int = 1, score: bool = True,
+                 device: str = "cpu"):
         from rollwise.engine import make_engine
         from rollwise.filter.registry import resolve_rewards
         from rollwise.filter.sandbox import Sandbox
-        from rollwise.generate import build_generator
+        from rollwise.generate import build_generator, sampling_params
         from rollwise.model.load import load_model_and_tokenizer
-        from rollwise.train.config import RunConfig
-        from rollwise.train.loop import sampling_params
 
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # one "Loading weights" bar per worker start, in the driver's log
-        cfg = RunConfig.model_validate(config)
+        cfg = config_type.model_validate(config)
         torch.set_num_threads(threads)
         self.sandbox = Sandbox(cfg.sandbox)
         task = cfg.task.build(cfg.seed, self.sandbox)

@@ -10,6 +10,7 @@ and TreePO's running entropy percentile otherwise), saved with every checkpoint.
 from __future__ import annotations
 
 from rollwise.config import ConfigError
+from rollwise.engine.sampling import SamplingParams
 from rollwise.generate.base import Generator
 
 STRATEGIES = {
@@ -18,6 +19,13 @@ STRATEGIES = {
     "latr": "LATR: branch at uncertain tokens, lookahead, prune similar branches (rollout.latr.*)",
     "april": "APRIL: over-provision groups, carry unfinished rollouts to the next step (rollout.april.*)",
 }
+
+
+def sampling_params(rollout, tokenizer) -> SamplingParams:
+    """Training rollouts' sampling settings (``rollout.*``, a ``RolloutConfig``), stopping at the
+    tokenizer's EOS."""
+    return SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k, rollout.max_new_tokens,
+                          (tokenizer.eos_token_id,))
 
 
 def build_generator(rollout, params, decode, pruner=None, gate=None, gate_every: int = 0) -> Generator:

@@ -199,8 +199,13 @@ class RolloutGroup:
         return [r.reward for r in self.rollouts]
 
     @property
+    def num_correct(self) -> int:
+        """Rollouts the judge counts as correct (``Rollout.correct``)."""
+        return sum(r.correct for r in self.rollouts)
+
+    @property
     def pass_rate(self) -> float:
-        return sum(r.correct for r in self.rollouts) / max(len(self.rollouts), 1)
+        return self.num_correct / max(len(self.rollouts), 1)
 
 
 class Score(float):

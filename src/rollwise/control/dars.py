@@ -68,8 +68,8 @@ class Dars(Controller):
         super().__init__(**kw)
         self.cfg = cfg
         self.max_rounds = cfg.max_factor - 1
-        self.update_epochs = cfg.breadth_epochs if cfg.breadth else 1
+        self.update_passes = cfg.breadth_epochs if cfg.breadth else 1
 
     def extend(self, groups: list[RolloutGroup], stats: PromptStats, remaining: int) -> list[int]:
-        return dars_extra([len(g.rollouts) for g in groups], [sum(r.correct for r in g.rollouts) for g in groups],
+        return dars_extra([len(g.rollouts) for g in groups], [g.num_correct for g in groups],
                           self.num_generations, self.cfg.hard_below, self.cfg.max_factor * self.num_generations)

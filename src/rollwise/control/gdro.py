@@ -197,7 +197,7 @@ class Gdro(Controller):
                 continue
             rec = stats.get(g.prompt.id)
             before = PromptRecord(attempts=rec.attempts - len(g.rollouts),
-                                  successes=rec.successes - sum(r.correct for r in g.rollouts))
+                                  successes=rec.successes - g.num_correct)
             losses[difficulty_bin(before, self.cfg.k)].append(loss_at_stake(g.rewards, self.cfg.clip))
         for b, ls in enumerate(losses):
             if ls:

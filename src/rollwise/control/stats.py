@@ -73,7 +73,7 @@ class PromptStats:
             return
         rec = self.records.setdefault(group.prompt.id, PromptRecord())
         n = len(group.rollouts)
-        s = sum(r.correct for r in group.rollouts)
+        s = group.num_correct
         rec.alpha = self.visit_decay * rec.alpha + s
         rec.beta = self.visit_decay * rec.beta + (n - s)
         lengths = [r.num_tokens for r in group.rollouts]

@@ -120,7 +120,8 @@ def _adapters(linear) -> tuple[Adapter, ...]:
                  for n in _active(linear))
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as the Llama family computes it (also the packed training forward's, model/packed.py)."""
     if x.dtype == torch.float32:  # one call, same arithmetic
         return F.rms_norm(x, weight.shape, weight, eps)
     # as HF's LlamaRMSNorm: normalise in fp32, cast back, then scale
@@ -251,11 +252,11 @@ class LlamaForward:
         return torch.zeros(visible.shape, dtype=self.dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        h = _rms(x, layer.norm_post, layer.eps)
+        h = rms_norm(x, layer.norm_post, layer.eps)
         return F.linear(layer.act(F.linear(h, *layer.gate)) * F.linear(h, *layer.up), *layer.down)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        h = _rms(x, *self.norm)
+        h = rms_norm(x, *self.norm)
         if self.capture_hidden:  # what a quality probe reads: the normed state the LM head sees [rows, D]
             self.hidden = h
         return F.linear(h, *self.lm_head)
@@ -283,7 +284,7 @@ class LlamaForward:
                 masks[a, w] = self._bias(visible[:, None, None, :])  # [rows, 1, 1, span]
         rows = torch.arange(n, device=tokens.device)
         for i, layer in enumerate(self.layers):
-            h = _rms(x, layer.norm_in, layer.eps)
+            h = rms_norm(x, layer.norm_in, layer.eps)
             q = _rope(F.linear(h, *layer.q).view(n, H, hd), cos, sin)
             k = _rope(F.linear(h, *layer.k).view(n, Hkv, hd), cos, sin)
             v = F.linear(h, *layer.v).view(n, Hkv, hd)
@@ -323,7 +324,7 @@ class LlamaForward:
             masks[w] = self._bias(visible.repeat(G, 1))  # query row g*T + t of a folded head sees what t sees
         rows = slice(row0, row0 + m)
         for i, layer in enumerate(self.layers):
-            h = _rms(x, layer.norm_in, layer.eps)
+            h = rms_norm(x, layer.norm_in, layer.eps)
             q = _rope(F.linear(h, *layer.q).view(m, T, H, hd).transpose(1, 2), cos, sin)  # [m, H, T, hd]
             k = _rope(F.linear(h, *layer.k).view(m, T, Hkv, hd).transpose(1, 2), cos, sin)  # [m, Hkv, T, hd]
             v = F.linear(h, *layer.v).view(m, T, Hkv, hd).transpose(1, 2)

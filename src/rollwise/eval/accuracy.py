@@ -58,7 +58,7 @@ def evaluate(
         sampled = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids))
         sgroups = _groups(engine, prompts, sampled, samples, decode, seed)
         score_groups(sgroups, [judge])
-        counts = [sum(r.correct for r in g.rollouts) for g in sgroups]
+        counts = [g.num_correct for g in sgroups]
         for k in sorted({1, samples}):
             pass_at[k] = sum(pass_at_k(samples, c, k) for c in counts) / len(counts)
         maj_at[samples] = maj_at_k([([r.extracted_answer for r in g.rollouts], [r.correct for r in g.rollouts])

@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from rollwise.engine.llama import Adapter, LlamaForward, UnsupportedModelError, _rms, check_supported
+from rollwise.engine.llama import Adapter, LlamaForward, UnsupportedModelError, check_supported, rms_norm
 from rollwise.model.logprobs import _scored
 
 
@@ -277,7 +277,7 @@ class PackedForward:
             return slots.view(nb, C, heads, hd).transpose(1, 2)
 
         for layer in f.layers:
-            h = _rms(x, layer.norm_in, layer.eps)
+            h = rms_norm(x, layer.norm_in, layer.eps)
             weight, bias = _fused(layer.q, layer.k, layer.v)
             qkv = F.linear(h, weight[pairs], None if bias is None else bias[pairs])  # [N, (H + 2 Hkv) hd]
             if any(name in layer.adapters for name in "qkv"):  # LoRA deltas, rows in the fused order
@@ -294,11 +294,11 @@ class PackedForward:
                                                scale=layer.scale)  # [nb, Hkv, G*C, hd]
             o = o.view(nb, H, C, hd).transpose(1, 2).reshape(nb * C, H * hd).index_select(0, packing.dest)
             x = x + _linear(o, layer, "o")  # [N, D]
-            h = _rms(x, layer.norm_post, layer.eps)
+            h = rms_norm(x, layer.norm_post, layer.eps)
             # gate and up as two products: halves of one fused product are strided views, and the
             # elementwise ops on them (forward and backward) cost more than the second matmul saves
             x = x + _linear(layer.act(_linear(h, layer, "gate")) * _linear(h, layer, "up"), layer, "down")
-        return _rms(x, *f.norm)
+        return rms_norm(x, *f.norm)
 
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor, *,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, with_entropy: bool = True,

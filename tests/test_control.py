@@ -475,5 +475,5 @@ def test_every_allocate_spends_exactly_the_budget(method, n_prompts, g, history)
 
 
 def test_dars_breadth_trains_two_full_batch_epochs():
-    assert Dars(DarsConfig(breadth=True), num_generations=4).update_epochs == 2
-    assert Dars(DarsConfig(), num_generations=4).update_epochs == 1 == Controller().update_epochs
+    assert Dars(DarsConfig(breadth=True), num_generations=4).update_passes == 2
+    assert Dars(DarsConfig(), num_generations=4).update_passes == 1 == Controller().update_passes

@@ -9,6 +9,7 @@
 """
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from typer.testing import CliRunner
 from rollwise.generate import STRATEGIES, Generator
 from rollwise.optim.batch import build_batch
 from rollwise.optim.objective import ObjectiveConfig, assign_advantages
-from rollwise.optim.update import policy_update, rows_with_signal
+from rollwise.optim.update import UpdateSpec, policy_update, rows_with_signal
 from rollwise.train.config import load_run_config
 from rollwise.train.loop import Trainer, Until, lr_lambda
 from rollwise.types import Prompt, Rollout, RolloutGroup
@@ -87,8 +88,9 @@ def test_skipping_zero_advantage_rows_changes_nothing(tiny, method, iterations):
         m.register_forward_hook(lambda mod, args, kwargs, out: forwards.append(kwargs["input_ids"].shape[0]),
                                 with_kwargs=True)
         opt = torch.optim.SGD(m.parameters(), lr=1e-3)
-        metrics = policy_update(m, opt, copy.deepcopy(batch), objective, micro_batch_size=4,
-                                num_iterations=iterations, max_grad_norm=1e9, max_len=24, skip_zero_advantage=skip)
+        spec = UpdateSpec(objective, passes=iterations, micro_batch_size=4, max_grad_norm=1e9, max_len=24,
+                          skip_zero_advantage=skip)
+        metrics = policy_update(m, opt, copy.deepcopy(batch), spec)
         results[skip] = (m, metrics, sum(forwards))
     (full, m_full, n_full), (skipped, m_skip, n_skip) = results[False], results[True]
     passes = iterations + (iterations > 1)  # old log-probs, then each iteration
@@ -116,11 +118,10 @@ def test_a_batch_without_signal_still_steps_the_optimizer(tiny):
     for skip in (False, True):
         m = copy.deepcopy(model)
         opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-        policy_update(m, opt, copy.deepcopy(batch), objective, micro_batch_size=12, num_iterations=1,
-                      max_grad_norm=1.0, max_len=24, skip_zero_advantage=skip)  # builds momentum
+        spec = UpdateSpec(objective, micro_batch_size=12, max_len=24, skip_zero_advantage=skip)
+        policy_update(m, opt, copy.deepcopy(batch), spec)  # builds momentum
         before = [p.detach().clone() for p in m.parameters()]
-        policy_update(m, opt, copy.deepcopy(flat), objective, micro_batch_size=4, num_iterations=1,
-                      max_grad_norm=1.0, max_len=24, skip_zero_advantage=skip)
+        policy_update(m, opt, copy.deepcopy(flat), replace(spec, micro_batch_size=4))
         after[skip] = m
         assert any(not torch.equal(a, b) for a, b in zip(before, m.parameters()))  # momentum moved them
     for a, b in zip(after[False].parameters(), after[True].parameters()):

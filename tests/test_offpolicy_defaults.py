@@ -20,7 +20,7 @@ from rollwise.optim.batch import build_batch
 from rollwise.optim.correction import behavior_weights
 from rollwise.optim.losses import token_weights
 from rollwise.optim.objective import ObjectiveConfig, assign_advantages, policy_loss
-from rollwise.optim.update import _logprobs_no_grad, policy_update
+from rollwise.optim.update import UpdateSpec, _logprobs_no_grad, policy_update
 from rollwise.replay import ReplayConfig, check_composition
 from rollwise.train.config import load_run_config
 from rollwise.types import Prompt, Rollout, RolloutGroup
@@ -117,8 +117,7 @@ def mixed_batch(model, tok):
     groups = _groups(tok)
     assign_advantages(groups, ObjectiveConfig())
     batch = build_batch(groups, tok.pad_token_id)
-    sampling = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
-    current = _logprobs_no_grad(model, batch, len(batch), sampling, None, packed=False)
+    current = _logprobs_no_grad(model, batch, UpdateSpec(ObjectiveConfig(), micro_batch_size=len(batch)))
     trained = batch.trained_mask
     gap = torch.zeros_like(current)  # ℓ^current − ℓ^μ
     for row in range(4, 8):
@@ -132,8 +131,8 @@ def mixed_batch(model, tok):
 def update(model, batch, obj):
     m = copy.deepcopy(model)
     opt = torch.optim.SGD(m.parameters(), lr=1.0)
-    metrics = policy_update(m, opt, copy.deepcopy(batch), obj, micro_batch_size=16, num_iterations=1,
-                            max_grad_norm=1e9, max_len=24)
+    metrics = policy_update(m, opt, copy.deepcopy(batch),
+                            UpdateSpec(obj, passes=1, micro_batch_size=16, max_grad_norm=1e9, max_len=24))
     step = torch.cat([(p0 - p1).flatten() for p0, p1 in zip(model.parameters(), m.parameters())])
     return step, metrics
 

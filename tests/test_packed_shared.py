@@ -24,7 +24,7 @@ from rollwise.model.logprobs import token_logprobs_and_entropy
 from rollwise.model.packed import Packing, PackedForward, choose_capacity, shared_units
 from rollwise.optim.batch import TrainBatch
 from rollwise.optim.objective import ObjectiveConfig
-from rollwise.optim.update import policy_update
+from rollwise.optim.update import UpdateSpec, policy_update
 
 # (prompt length, completion lengths) per group: 4, 2, 8 rows sharing a prompt, and a lone row
 GROUPS = [(7, [3, 5, 1, 4]), (4, [6, 2]), (5, [3] * 8), (9, [2])]
@@ -191,7 +191,7 @@ def _update_batch(ids, attn, scored) -> TrainBatch:
                       group_ids=torch.arange(len(ids)))
 
 
-@pytest.mark.parametrize("case", [{"num_iterations": 2}, {"beta": 0.1}, {}])
+@pytest.mark.parametrize("case", [{"passes": 2}, {"beta": 0.1}, {}])
 def test_the_update_is_the_same_with_shared_prompts(tiny, case):
     model, _ = tiny
     ids, attn, scored = chat_batch(model.config.vocab_size)
@@ -204,9 +204,9 @@ def test_the_update_is_the_same_with_shared_prompts(tiny, case):
     runs = {}
     for share in (False, True):
         m = copy.deepcopy(model)
-        metrics = policy_update(m, torch.optim.SGD(m.parameters(), lr=0.0), copy.deepcopy(batch), objective,
-                                micro_batch_size=len(batch), num_iterations=case.get("num_iterations", 1),
-                                max_grad_norm=1e9, max_len=24, ref_model=ref, packed=True, share_prompts=share)
+        spec = UpdateSpec(objective, passes=case.get("passes", 1), micro_batch_size=len(batch), max_grad_norm=1e9,
+                          max_len=24, packed=True, share_prompts=share)
+        metrics = policy_update(m, torch.optim.SGD(m.parameters(), lr=0.0), copy.deepcopy(batch), spec, ref)
         runs[share] = metrics, {n: p.grad.clone() for n, p in m.named_parameters()}
     (off, g_off), (on, g_on) = runs[False], runs[True]
     assert off["update/prompt_tokens_shared"] == 0 and on["update/prompt_tokens_shared"] == SHARED

@@ -34,7 +34,7 @@ def test_remix_reincarnates_at_the_first_step_past_the_fraction():
     seen = []
     for step, f in enumerate(fractions):
         replay.progress(step, f)
-        seen.append((replay.updates(step), replay.reincarnate(step)))
+        seen.append((replay.update_passes(step), replay.reincarnate(step)))
     assert seen == [(2, False)] * 3 + [(1, True)] + [(1, False)] * 2
 
 
@@ -42,7 +42,7 @@ def test_remix_reincarnate_at_one_never_reincarnates():
     replay = remix(reincarnate_at=1.0)
     for step, f in enumerate([0.5, 0.99, 1.0]):
         replay.progress(step, f)
-        assert replay.updates(step) == 2 and not replay.reincarnate(step)
+        assert replay.update_passes(step) == 2 and not replay.reincarnate(step)
 
 
 def test_the_reincarnation_point_survives_a_resume():
@@ -52,7 +52,7 @@ def test_the_reincarnation_point_survives_a_resume():
         a.reincarnate(step)
     b = remix()
     b.load_state_dict(a.state_dict())
-    assert b.reincarnation_step == 1 and b.updates(3) == 1 and not b.reincarnate(3)
+    assert b.reincarnation_step == 1 and b.update_passes(3) == 1 and not b.reincarnate(3)
 
 
 FAST = ["task.max_digits=1", "task.eval_size=4", "rollout.prompts_per_step=4", "rollout.num_generations=4",

@@ -107,7 +107,7 @@ def test_share_zero_is_on_policy(method, options):
         fresh = [group(f"s{step}g{i}", step) for i in range(4)]
         groups, _ = replay.compose(fresh, step=step, version=step)
         assert groups is fresh and all(a is b for a, b in zip(groups, fresh))
-        assert replay.updates(step) == 1
+        assert replay.update_passes(step) == 1
     assert len(getattr(replay, "buffer", [])) == 0
 
 
@@ -180,11 +180,11 @@ def test_remix_utd_reincarnation_and_no_replay_after_it():
         served = served_of(fresh, groups)
         reincarnations.append(replay.reincarnate(step))
         if step < 5:
-            assert replay.updates(step) == 2
+            assert replay.update_passes(step) == 2
             assert len(fresh) == (4 if step == 0 else 2) and len(served) == (0 if step == 0 else 2)
             assert all(step - birth_version(g, step) <= 4 for g in served)
         else:
-            assert replay.updates(step) == 1
+            assert replay.update_passes(step) == 1
             assert groups is fresh and len(fresh) == 4 and served == []
             assert len(replay.buffer) == 0
         if step == 5:
@@ -263,7 +263,7 @@ def test_remix_without_replay_or_utd_is_the_base_algorithm():
     assert ObjectiveConfig(**fields) == ObjectiveConfig()
     fresh = [group("a", 0), group("b", 0)]
     groups, _ = replay.compose(fresh, step=0, version=0)
-    assert groups is fresh and replay.updates(0) == 1 and replay.fresh_prompts(4, 0) == 4
+    assert groups is fresh and replay.update_passes(0) == 1 and replay.fresh_prompts(4, 0) == 4
 
 
 # -- rorecomp --------------------------------------------------------------------------------
@@ -346,7 +346,7 @@ def test_state_dict_round_trip_gives_identical_samples(method):
         _, ga, ma = run_step(a, step)
         _, gb, mb = run_step(b, step)
         assert signature(ga) == signature(gb) and ma == mb
-        assert a.updates(step) == b.updates(step) and a.reincarnate(step) == b.reincarnate(step)
+        assert a.update_passes(step) == b.update_passes(step) and a.reincarnate(step) == b.reincarnate(step)
 
 
 # -- config ----------------------------------------------------------------------------------

@@ -17,15 +17,15 @@ from rollwise.config import ConfigError
 from rollwise.model import packed as packed_module
 from rollwise.optim.batch import build_batch
 from rollwise.optim.objective import ObjectiveConfig, assign_advantages
-from rollwise.optim.update import policy_update
+from rollwise.optim.update import UpdateSpec, policy_update
 from rollwise.train.loop import packed_forward
 
 CASES = {
     "grpo": ({"method": "grpo"}, {}),
     "dapo": ({"method": "dapo"}, {}),
-    "gspo_2_iterations": ({"method": "gspo"}, {"num_iterations": 2}),
+    "gspo_2_iterations": ({"method": "gspo"}, {"passes": 2}),
     "cispo": ({"method": "cispo"}, {}),
-    "ppo_clip_2_iterations": ({"method": "ppo_clip"}, {"num_iterations": 2}),
+    "ppo_clip_2_iterations": ({"method": "ppo_clip"}, {"passes": 2}),
     "kl_reference": ({"method": "grpo", "beta": 0.1, "kl_estimator": "k3"}, {"ref": True}),
     "top_k_top_p": ({"method": "grpo"}, {"top_k": 5, "top_p": 0.9, "temperature": 0.8}),
     "entropy_quantile": ({"method": "high_entropy_steps"}, {}),
@@ -37,10 +37,9 @@ def _update(model, ref, batch, objective, packed: bool, options: dict) -> tuple[
     m = copy.deepcopy(model)
     opt = torch.optim.SGD(m.parameters(), lr=0.0)  # gradients only: the comparison is of one pass
     options = dict(options)
-    iterations = options.pop("num_iterations", 1)
-    metrics = policy_update(m, opt, copy.deepcopy(batch), objective, micro_batch_size=5, num_iterations=iterations,
-                            max_grad_norm=1e9, max_len=24, ref_model=ref if options.pop("ref", False) else None,
-                            packed=packed, **options)
+    ref = ref if options.pop("ref", False) else None
+    spec = UpdateSpec(objective, micro_batch_size=5, max_grad_norm=1e9, max_len=24, packed=packed, **options)
+    metrics = policy_update(m, opt, copy.deepcopy(batch), spec, ref)
     return metrics, {n: p.grad.clone() for n, p in m.named_parameters()}
 
 
@@ -86,8 +85,8 @@ def test_packed_update_runs_only_rows_with_signal(tiny, monkeypatch):
     hf_calls = []
     m = copy.deepcopy(model)
     m.register_forward_hook(lambda *a: hf_calls.append(1))
-    metrics = policy_update(m, torch.optim.SGD(m.parameters(), lr=1e-3), batch, objective, micro_batch_size=4,
-                            num_iterations=1, max_grad_norm=1.0, max_len=24, packed=True)
+    metrics = policy_update(m, torch.optim.SGD(m.parameters(), lr=1e-3), batch,
+                            UpdateSpec(objective, micro_batch_size=4, max_len=24, packed=True))
     assert sum(seen) == 6 and metrics["update/skipped_rows"] == pytest.approx(0.5)  # 6 of 12 rows carry signal
     assert not hf_calls  # the HF module's forward never ran
 

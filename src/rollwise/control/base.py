@@ -117,7 +117,7 @@ class Controller:
         return self.max_rounds > 0 and type(self).extend is not Controller.extend
 
     tracks_pool = False  # selectors draw seen prompts again: the stream index of each is kept
-    update_epochs = 1  # optimizer passes the update should make at least (DARS-B's breadth)
+    update_passes = 1  # optimizer passes over the step's batch this controller asks at least (DARS-B's breadth)
 
     def observe_step(self, groups: list[RolloutGroup], stats: PromptStats) -> None:
         """The step's trained groups, after ``stats`` has recorded every round (bandit updates)."""

@@ -18,6 +18,8 @@ and gradients (``tests/test_packed.py``, ``tests/test_packed_shared.py``, ``test
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rollwise.model.logprobs import logits_chunk, token_logprobs_and_entropy
@@ -32,29 +34,27 @@ def _micro_batches(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def _logprobs(model, packed: PackedForward | None, sub: TrainBatch, sampling: dict, budget_mb: float | None,
-              with_entropy: bool = True, share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _logprobs(model, packed: PackedForward | None, sub: TrainBatch, spec: UpdateSpec,
+              with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) ``[b, t-1]`` of a micro-batch's completion tokens under ``model``:
     packed when ``packed`` is given, else the HF module on the padded rows."""
     if packed is not None:
         scored = sub.completion_mask
-        chunk = logits_chunk(model, 1, int(scored.sum()) + 1, budget_mb)  # the head sees scored positions only
+        chunk = logits_chunk(model, 1, int(scored.sum()) + 1, spec.logits_budget_mb)  # the head: scored positions
         return packed.logprobs(sub.input_ids, sub.attention_mask, scored, chunk=chunk, with_entropy=with_entropy,
-                               share_prompts=share_prompts, **sampling)
-    chunk = logits_chunk(model, *sub.input_ids.shape, budget_mb)
+                               share_prompts=spec.share_prompts, **spec.sampling)
+    chunk = logits_chunk(model, *sub.input_ids.shape, spec.logits_budget_mb)
     return token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, with_entropy=with_entropy,
-                                      chunk=chunk, **sampling)
+                                      chunk=chunk, **spec.sampling)
 
 
 @torch.no_grad()
-def _logprobs_no_grad(model, batch: TrainBatch, size: int, sampling: dict, budget_mb: float | None,
-                      packed: bool, share_prompts: bool = True) -> torch.Tensor:
+def _logprobs_no_grad(model, batch: TrainBatch, spec: UpdateSpec) -> torch.Tensor:
     """Log-probs [B, T-1] of the batch under ``model`` without gradient (old or reference policy)."""
     out = torch.zeros_like(batch.behavior_logprobs)
-    forward = PackedForward(model) if packed else None
-    for mb in _micro_batches(len(batch), size):
-        lp, _ = _logprobs(model, forward, batch.select(mb), sampling, budget_mb, with_entropy=False,
-                          share_prompts=share_prompts)
+    forward = PackedForward(model) if spec.packed else None
+    for mb in _micro_batches(len(batch), spec.micro_batch_size):
+        lp, _ = _logprobs(model, forward, batch.select(mb), spec, with_entropy=False)
         out[mb, : lp.shape[1]] = lp
     return out
 
@@ -66,89 +66,119 @@ def rows_with_signal(batch: TrainBatch) -> torch.Tensor:
     return ((batch.advantages != 0) & (batch.loss_weights > 0)).any(-1)
 
 
-def policy_update(
-    model, optimizer, batch: TrainBatch, objective: ObjectiveConfig, *, micro_batch_size: int,
-    num_iterations: int, max_grad_norm: float, max_len: int, temperature: float = 1.0, top_k: int = 0,
-    top_p: float = 1.0, ref_model=None, skip_zero_advantage: bool = True, logits_budget_mb: float | None = None,
-    packed: bool = False, share_prompts: bool = True,
-) -> dict[str, float]:
-    """``num_iterations`` optimizer steps on ``batch``; returns averaged metrics.
+@dataclass(frozen=True)
+class UpdateSpec:
+    """What one policy update does: the objective, how many optimizer passes, how the forward runs.
 
-    The LR schedule is the caller's: it advances once per training step, not per iteration.
-    ``temperature``/``top_k``/``top_p`` are the sampling settings: trainer log-probs are
-    computed on the distribution the engine sampled from. ``logits_budget_mb`` caps the
-    float32 logits a forward holds at once (``rollwise.model.logprobs``: chunked LM head).
-    ``packed`` runs the forward packed (Llama-family models: ``supports_packing``), and with
-    ``share_prompts`` computes a prompt repeated by rows of a micro-batch once (the same numbers).
-    ``ref_model`` is the KL reference: a frozen module or a ``rollwise.model.reference.Reference``.
+    The trainer builds one per step from ``objective.*``, ``optim.*`` and ``rollout.*``
+    (``Trainer.update_spec``); tests and benchmarks build their own.
     """
+
+    objective: ObjectiveConfig
+    # optimizer steps over the batch: the most any source asks — optim.num_iterations (TRL's
+    # name), a controller's update_passes (DARS-B's breadth), a replay method's (ReMix's UTD)
+    passes: int = 1
+    max_len: int = 128  # rollout.max_new_tokens: the fixed length some loss_agg modes divide by
+    micro_batch_size: int = 64  # rows per forward/backward (gradient accumulation)
+    max_grad_norm: float = 1.0
+    # the sampling settings: trainer log-probs are computed on the distribution the engine sampled from
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    skip_zero_advantage: bool = True  # rows without signal skip their forward/backward (module docstring)
+    logits_budget_mb: float | None = None  # cap on the float32 logits a forward holds at once (chunked LM head)
+    packed: bool = False  # the packed forward (Llama-family models: ``supports_packing``)
+    share_prompts: bool = True  # packed: a prompt repeated by rows of a micro-batch computed once (same numbers)
+
+    @property
+    def sampling(self) -> dict:
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
+    @property
+    def skips_rows(self) -> bool:
+        """Whether rows without signal may skip their forward: no term of the loss lives without an advantage."""
+        o = self.objective
+        return self.skip_zero_advantage and o.beta == 0 and o.prox_kl_coef == 0 and o.top_entropy_quantile >= 1
+
+
+def policy_update(model, optimizer, batch: TrainBatch, spec: UpdateSpec | ObjectiveConfig, ref_model=None,
+                  **keywords) -> dict[str, float]:
+    """``spec.passes`` optimizer steps on ``batch``; returns metrics averaged over the passes.
+
+    The LR schedule is the caller's: it advances once per training step, not per pass.
+    ``ref_model`` is the KL reference: a frozen module or a ``rollwise.model.reference.Reference``.
+    (``policy_update(model, optimizer, batch, objective, micro_batch_size=..., num_iterations=...,
+    ...)``, the keyword form from before ``UpdateSpec``, still works while callers move.)
+    """
+    if not isinstance(spec, UpdateSpec):
+        spec = UpdateSpec(spec, passes=keywords.pop("num_iterations"), **keywords)
     device = next(model.parameters()).device
     batch = batch.to(device)
-    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
     # [B, T-1] over the whole batch, the per-token loss weights (k for a tree node shared by k leaves)
     # counted as k tokens, as k flat rollouts would be; a sequence's length counts its untrained tokens too
     trained = batch.trained_mask
-    weights = token_weights(batch.loss_weights, objective.loss_agg, max_len, lengths=batch.completion_lengths)
-    shaping: dict[str, float] = {}
-    ref_full = None
-    if objective.needs_reference:  # a frozen copy, or (LoRA) the policy with its adapters off
+    weights = token_weights(batch.loss_weights, spec.objective.loss_agg, spec.max_len, lengths=batch.completion_lengths)
+    ref_full, shaping = None, {}
+    if spec.objective.needs_reference:  # a frozen copy, or (LoRA) the policy with its adapters off
         with as_reference(ref_model).module() as reference:
-            ref_full = _logprobs_no_grad(reference, batch, micro_batch_size, sampling, logits_budget_mb, packed,
-                                         share_prompts)
-        if "ace" in objective.shaping:
+            ref_full = _logprobs_no_grad(reference, batch, spec)
+        if "ace" in spec.objective.shaping:
             batch.advantages, shaping = ace_shift(batch, ref_full)
     n_rows = len(batch)
-    skippable = (skip_zero_advantage and objective.beta == 0 and objective.prox_kl_coef == 0
-                 and objective.top_entropy_quantile >= 1)
-    keep = rows_with_signal(batch) if skippable else torch.ones(n_rows, dtype=torch.bool, device=device)
+    keep = rows_with_signal(batch) if spec.skips_rows else torch.ones(n_rows, dtype=torch.bool, device=device)
     rows = keep.nonzero().squeeze(-1)
     work = batch.select(rows) if len(rows) else None
     weights = weights[rows]
     ref = ref_full[rows] if ref_full is not None else None
     # With one pass, the proximal ("old") policy is the current one: ratio 1, detached.
-    old = (_logprobs_no_grad(model, work, micro_batch_size, sampling, logits_budget_mb, packed, share_prompts)
-           if num_iterations > 1 and work is not None else None)
+    old = _logprobs_no_grad(model, work, spec) if spec.passes > 1 and work is not None else None
     total_tokens = max(float(trained[rows].sum()), 1.0)
+    forward = PackedForward(model) if spec.packed else None
     totals: dict[str, float] = {}
-    forward = PackedForward(model) if packed else None
     model.train()
-    for _ in range(num_iterations):
+    for _ in range(spec.passes):
         optimizer.zero_grad(set_to_none=True)
-        for mb in _micro_batches(len(rows), micro_batch_size) if work is not None else []:
-            sub = work.select(mb)
-            width = sub.completion_mask.shape[1]
-            mask = sub.trained_mask
-            policy_lp, entropy = _logprobs(model, forward, sub, sampling, logits_budget_mb, share_prompts=share_prompts)
-            old_lp = policy_lp.detach() if old is None else old[mb, :width]
-            loss, m = policy_loss(
-                policy_lp, old_lp, sub.advantages, mask, weights[mb, :width], objective,
-                ref_logprobs=None if ref is None else ref[mb, :width], behavior_logprobs=sub.behavior_logprobs,
-                entropy=entropy,
-            )
-            loss.backward()
-            share = float(mask.sum()) / total_tokens
-            m["loss"] = loss.detach()
-            m["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
-            with torch.no_grad():
-                gap = ((policy_lp.detach() - sub.behavior_logprobs).abs() * mask).sum() / mask.sum().clamp(min=1)
-            m["logprob_gap/behavior_vs_policy"] = gap
+        for mb in _micro_batches(len(rows), spec.micro_batch_size) if work is not None else []:
+            m = _backward(model, forward, work.select(mb), weights[mb], old, ref, mb, spec)
+            share = m.pop("tokens") / total_tokens
             for k, v in m.items():
                 # loss adds up over micro-batches; per-token statistics average by token share
-                totals[k] = totals.get(k, 0.0) + float(v) * (1.0 if k == "loss" else share) / num_iterations
+                totals[k] = totals.get(k, 0.0) + float(v) * (1.0 if k == "loss" else share) / spec.passes
         for p in model.parameters():  # a batch without signal still takes its (zero-gradient) optimizer step
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), spec.max_grad_norm)
         optimizer.step()
-        totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(grad_norm) / num_iterations
+        totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(grad_norm) / spec.passes
     model.eval()
     totals.setdefault("loss", 0.0)
     totals["update/skipped_rows"] = 1.0 - len(rows) / max(n_rows, 1)
     totals["update/trained_tokens"] = float(trained[rows].sum())
     # prompt tokens the training forward did not compute again, per pass over the batch
-    shared = forward.prompt_tokens_shared / num_iterations if forward is not None else 0.0
-    totals["update/prompt_tokens_shared"] = shared
+    totals["update/prompt_tokens_shared"] = forward.prompt_tokens_shared / spec.passes if forward is not None else 0.0
     return totals | shaping
+
+
+def _backward(model, forward: PackedForward | None, sub: TrainBatch, weights: torch.Tensor, old: torch.Tensor | None,
+              ref: torch.Tensor | None, mb: slice, spec: UpdateSpec) -> dict:
+    """The loss of one micro-batch, backpropagated; its metrics (tensors) and trained token count."""
+    width = sub.completion_mask.shape[1]
+    mask = sub.trained_mask
+    policy_lp, entropy = _logprobs(model, forward, sub, spec)
+    old_lp = policy_lp.detach() if old is None else old[mb, :width]
+    loss, m = policy_loss(
+        policy_lp, old_lp, sub.advantages, mask, weights[:, :width], spec.objective,
+        ref_logprobs=None if ref is None else ref[mb, :width], behavior_logprobs=sub.behavior_logprobs,
+        entropy=entropy,
+    )
+    loss.backward()
+    m["loss"] = loss.detach()
+    m["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
+    with torch.no_grad():
+        gap = ((policy_lp.detach() - sub.behavior_logprobs).abs() * mask).sum() / mask.sum().clamp(min=1)
+    m["logprob_gap/behavior_vs_policy"] = gap
+    m["tokens"] = float(mask.sum())
+    return m
 
 
 def ace_shift(batch: TrainBatch, ref: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:

@@ -2,7 +2,7 @@
 
 A ``Replay`` (``replay/base.py``) is built from ``replay.method`` with its options under
 ``replay.<method>.*`` and called by the loop at fixed points: ``fresh_prompts`` before
-generation, ``compose`` after scoring and advantages, ``updates`` and ``reincarnate`` around
+generation, ``compose`` after scoring and advantages, ``update_passes`` and ``reincarnate`` around
 the update. ``ReplayBuffer`` (``replay/buffer.py``) is the FIFO of groups the methods share.
 The method's state (buffer contents included) is saved with every checkpoint.
 ``replay.method: none`` is on-policy training: every step trains exactly its fresh groups.

@@ -11,7 +11,7 @@ The loop calls a replay method at fixed points of a step:
   not mutate them: the buffer holds the same objects). Adds what the method keeps to its
   buffer. ``version`` is the policy version being updated; a group's age is ``version`` minus
   its oldest token's version (``buffer.birth_version``);
-- ``updates(step) -> int``: optimizer passes over the step's batch (ReMix's UTD);
+- ``update_passes(step) -> int``: optimizer passes over the step's batch (ReMix's UTD);
 - ``reincarnate(step) -> bool``: True exactly once, at ReMix's reincarnation, when the loop
   resets the reference model to the current policy;
 - ``progress(step, fraction)``: before step ``step``, how far the run is towards whichever limit
@@ -54,7 +54,7 @@ class Replay:
                 ) -> tuple[list[RolloutGroup], dict[str, float]]:
         return fresh, {}
 
-    def updates(self, step: int) -> int:
+    def update_passes(self, step: int) -> int:
         return 1
 
     def reincarnate(self, step: int) -> bool:

@@ -6,7 +6,7 @@ PPO/GRPO reuse past rollouts in three parts:
 1. mix-policy proximal policy gradient with a higher update-to-data ratio: each step trains a
    1:1 mix of fresh groups and groups replayed from the last ``max_age`` (4) policy versions,
    which keep their own behaviour log-probs (the ``rollout_replay`` buffer, ``share`` .5), with
-   ``utd`` (2) optimizer passes per step (``updates``);
+   ``utd`` (2) optimizer passes per step (``update_passes``);
 2. KL-convex policy constraint β[½KL(π_θ‖π_old) + ½KL(π_θ‖π_ref)], k3: ``remix_objective``
    gives ``objective.beta = β/2`` (reference) and ``objective.prox_kl_coef = β/2`` (proximal,
    ``optim.objective.policy_loss``);
@@ -99,7 +99,7 @@ class Remix(RolloutReplay):
         groups, metrics = super().compose(fresh, step=step, version=version)
         return groups, metrics | {"replay/reflection_rate": reflection_rate(fresh)}
 
-    def updates(self, step: int) -> int:
+    def update_passes(self, step: int) -> int:
         return 1 if self.on_policy(step) else self.utd
 
     def reincarnate(self, step: int) -> bool:

@@ -347,7 +347,7 @@ class Trainer:
             self.state.reference_moved_at = step
         tensors = build_batch(groups, self.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
         o, r = cfg.optim, cfg.rollout
-        passes = max(o.num_iterations, self.controller.update_epochs, self.replay.updates(step))
+        passes = max(o.num_iterations, self.controller.update_passes, self.replay.update_passes(step))
         metrics |= policy_update(
             self.model, self.optimizer, tensors, cfg.objective, micro_batch_size=o.micro_batch_size,
             num_iterations=passes, max_grad_norm=o.max_grad_norm,

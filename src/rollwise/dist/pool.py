@@ -1,8 +1,9 @@
 """``WorkerPool``: the step's prompts sampled (and scored) by ``rollout.workers`` Ray actors.
 
 The trainer hands the pool to ``collect`` where it would hand its engine: the pool keeps the
-part of the engine contract the loop reads (``version``, ``load_weights``,
-``stats.decode_tokens``) and, in place of a strategy run on a local engine, ``generate``
+part of the engine contract the loop reads (``engine.protocol.PolicySampler``: ``version``,
+``load_weights``, ``stats.decode_tokens``) and, in place of a strategy run on a local engine,
+``RolloutPool``'s ``generate``
 splits the step's prompts into one shard per live worker (balanced by rollout budget, in
 prompt order), sends each worker the whole prompt list with budget 0 for the prompts it does
 not sample, and puts the groups back in prompt order as the shards come in.
@@ -35,10 +36,12 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from rollwise.config import ConfigError
+from rollwise.engine.protocol import PolicySampler
 from rollwise.model.lora import policy_state
 from rollwise.types import Prompt, RolloutGroup
 
@@ -62,6 +65,29 @@ def connect():
         ray.init(address=address, include_dashboard=False if address is None else None, log_to_driver=True,
                  configure_logging=False)
     return ray
+
+
+@runtime_checkable
+class RolloutPool(PolicySampler, Protocol):
+    """A sampler that runs the rollout strategy itself (``remote``), where the loop would run its
+    strategy on a local engine: what the loop calls on ``WorkerPool``."""
+
+    remote: bool  # True: the loop calls generate() here instead of its generator on an engine
+    scores: bool  # the groups come back scored (rollout.score_on=workers)
+
+    def generate(self, prompts: list[Prompt], budgets: list[int], seed: int) -> tuple[list[RolloutGroup], dict]:
+        """The groups of ``prompts`` (``budgets[i]`` rollouts each) and the step's metrics, as a Generator's."""
+        ...
+
+    def generator_state(self) -> dict:
+        """The strategy's state, for the checkpoint ({} when stateless)."""
+        ...
+
+    def load_generator_state(self, state: dict) -> None:
+        ...
+
+    def close(self) -> None:
+        ...
 
 
 @dataclass

@@ -3,6 +3,11 @@
 ``make_engine`` picks the implementation: the slot engine (continuous batching, fork,
 pause/resume, its own Llama-family forward) for the model types it supports, else the v1
 engine, which runs any Hugging Face causal LM through ``model(...)``.
+
+The contract both keep, and a new backend implements, is written down in
+``engine/protocol.py``: ``TokenEngine`` (submit/step/run_until/generate/load_weights, the v1
+engine) and ``BranchingEngine`` (peek/fork/pause/resume/abort/keep_prefixes besides, the slot
+engine).
 """
 
 from __future__ import annotations

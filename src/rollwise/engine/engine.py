@@ -1,7 +1,7 @@
 """The embedded engine (v1): batched sampling from any HF causal LM with a KV cache.
 
-Contract (DESIGN.md "Engine"): ``submit(requests) -> handles``, ``step()``,
-``run_until(condition)``, ``load_weights(...)``. It sees token ids and sampling settings,
+Contract (``engine/protocol.py``, ``TokenEngine``): ``submit(requests) -> handles``, ``step()``,
+``run_until(condition)``, ``generate(requests)``, ``load_weights(...)``. It sees token ids and sampling settings,
 never tasks or rewards. Every generated token comes with its log-probability under the
 sampling distribution actually used (after temperature, top-k and top-p) and the policy
 version that produced it.

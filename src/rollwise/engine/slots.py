@@ -1,8 +1,8 @@
 """Engine v2: continuous batching over a slot KV cache the engine owns; fork; pause/resume.
 
-Same contract as the v1 ``Engine`` (DESIGN.md "Engine"): ``submit``, ``step``, ``run_until``,
-``generate``, ``load_weights``, ``stats``, ``version``; plus ``fork``, ``pause`` and
-``resume``. It sees token ids and sampling settings, never tasks or rewards.
+The v1 ``Engine``'s contract plus branching (``engine/protocol.py``, ``BranchingEngine``):
+``submit``, ``step``, ``run_until``, ``generate``, ``load_weights``, ``stats``, ``version``; plus
+``peek``, ``fork``, ``pause``, ``resume``, ``abort`` and ``keep_prefixes``. It sees token ids and sampling settings, never tasks or rewards.
 
 How it works:
 

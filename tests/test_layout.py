@@ -4,7 +4,7 @@ or cli. Checked on the source's import statements (function-level and relative i
 included) for every package and top-level module under ``src/rollwise``.
 
 The rule table, top to bottom (a row lists what its package may import besides itself and
-the core modules ``config`` and ``types``):
+the core modules ``config``, ``types`` and ``seeds``):
 
 | package  | may import                                                    | why                                   |
 |----------|---------------------------------------------------------------|---------------------------------------|
@@ -19,6 +19,7 @@ the core modules ``config`` and ``types``):
 | control, filter, replay, report | nothing                                | plain records in, decisions out       |
 | model    | engine                                                        | the packed forward reuses the engine's layers |
 | engine   | nothing                                                       | token ids in, token ids out           |
+| config_reference | nothing                                               | docs/config.md from the config classes |
 
 So nothing but cli imports bench, nothing but cli and bench imports train, and only train
 (and what sits above it) imports dist.
@@ -32,9 +33,9 @@ import pytest
 import rollwise
 
 ROOT = Path(rollwise.__file__).parent
-CORE = {"config", "types"}  # every package may import these
-EVERYTHING = {"bench", "cli", "config", "control", "dist", "engine", "eval", "filter", "generate", "model", "optim",
-              "replay", "report", "tasks", "train", "types"}
+CORE = {"config", "types", "seeds"}  # every package may import these
+EVERYTHING = {"bench", "cli", "config", "config_reference", "control", "dist", "engine", "eval", "filter", "generate",
+              "model", "optim", "replay", "report", "seeds", "tasks", "train", "types"}
 STAGES = {"generate", "filter", "control", "replay", "optim"}
 ALLOWED = {
     "cli": EVERYTHING,
@@ -51,8 +52,10 @@ ALLOWED = {
     "report": set(),
     "model": {"engine"},
     "engine": set(),
+    "config_reference": set(),
     "config": set(),
     "types": set(),
+    "seeds": set(),
 }
 
 

@@ -119,3 +119,100 @@ def test_config_reference_reads_any_model():
     assert "| `pick.items` | list of items ↓ | `[{k: 3}]` | Inner options. |" in rows
     assert "`pick.name` picks one of: `a`, `b`; each has its own keys." in text
     assert "| [`inner`](#inner) | Inner options. | `k` |" in text.splitlines()
+
+
+# -- links and length --------------------------------------------------------------------------
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE = re.compile(r"^(```|~~~)")
+
+
+def prose(text: str) -> str:
+    """``text`` without its fenced code blocks and inline code (links inside them are not links)."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line.strip()):
+            fenced = not fenced
+            continue
+        out.append("" if fenced else re.sub(r"`[^`]*`", "", line))
+    return "\n".join(out)
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors for ``path``'s headings: lower case, markup and punctuation dropped, spaces
+    to hyphens, ``-1``, ``-2`` … for repeats."""
+    seen: dict[str, int] = {}
+    found = set()
+    for line in prose_keep_code(path.read_text()).splitlines():
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1)).replace("`", "")
+        slug = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        found.add(slug if n == 0 else f"{slug}-{n}")
+    return found
+
+
+def prose_keep_code(text: str) -> str:
+    """``text`` without fenced blocks (a ``# comment`` in a shell block is not a heading)."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line.strip()):
+            fenced = not fenced
+            continue
+        out.append("" if fenced else line)
+    return "\n".join(out)
+
+
+def relative_links(path: Path) -> list[str]:
+    return [t for t in LINK.findall(prose(path.read_text())) if not re.match(r"^[a-z][a-z0-9+.-]*:", t)]
+
+
+def broken_links(path: Path, root: Path = ROOT) -> list[str]:
+    """The relative links of ``path`` whose file is not in the repository or whose #anchor is not a heading."""
+    bad = []
+    for target in relative_links(path):
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists() or root.resolve() not in dest.parents:
+            bad.append(f"{target} (no such file in the repository)")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            bad.append(f"{target} (no heading #{anchor} in {dest.name})")
+    return bad
+
+
+@pytest.mark.parametrize("path", PAGES, ids=[p.name for p in PAGES])
+def test_every_relative_link_resolves(path):
+    assert broken_links(path) == []
+
+
+def test_the_readme_has_links_to_check():
+    assert len(relative_links(ROOT / "README.md")) > 20
+
+
+def test_a_broken_link_is_caught(tmp_path):
+    """The check can fail: a missing file, a missing heading, a link out of the repository."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "other.md").write_text("# Other\n")
+    page = tmp_path / "docs" / "page.md"
+    page.write_text("# Title\n\n[a](nosuch.md) [b](other.md#no-such-heading) [c](../../outside.md) [d](#title) "
+                    "[g](other.md#other) `[e](code.md)` [f](https://example.org/x.md)\n")
+    assert broken_links(page, root=tmp_path) == [
+        "nosuch.md (no such file in the repository)",
+        "other.md#no-such-heading (no heading #no-such-heading in other.md)",
+        "../../outside.md (no such file in the repository)"]
+
+
+def test_github_anchors_by_hand(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("# Tasks: reasoning-gym, and pass@k\n## `task.name: reasoning_gym`\n## April (target ≥ 1.4×: not met)\n"
+                    "## Notes\n## Notes\n```bash\n# not a heading\n```\n")
+    assert anchors(page) == {"tasks-reasoning-gym-and-passk", "taskname-reasoning_gym", "april-target--14-not-met",
+                             "notes", "notes-1"}
+
+
+def test_the_readme_is_short():
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= 250, f"README.md has {lines} lines; move detail to docs/ (issue 23: at most 250)"

@@ -216,3 +216,36 @@ def test_github_anchors_by_hand(tmp_path):
 def test_the_readme_is_short():
     lines = len((ROOT / "README.md").read_text().splitlines())
     assert lines <= 250, f"README.md has {lines} lines; move detail to docs/ (issue 23: at most 250)"
+
+
+# -- the Python the docs show imports what rollwise has ------------------------------------------
+IMPORT = re.compile(r"^\s*from (rollwise[\w.]*) import ([\w, ]+?)\s*(?:#.*)?$")
+
+
+def documented_imports() -> list[tuple[str, str, str]]:
+    """(where, module, name) for every ``from rollwise... import ...`` line in a ```python block."""
+    found = []
+    for path in PAGES:
+        fenced = False
+        for i, line in enumerate(path.read_text().splitlines()):
+            if FENCE.match(line.strip()):
+                fenced = line.strip().startswith("```python") if not fenced else False
+                continue
+            m = IMPORT.match(line) if fenced else None
+            if m:
+                found += [(f"{path.name}:{i + 1}", m.group(1), n.strip()) for n in m.group(2).split(",") if n.strip()]
+    return found
+
+
+IMPORTS = documented_imports()
+
+
+@pytest.mark.parametrize("where, module, name", IMPORTS, ids=[f"{w}:{n}" for w, _, n in IMPORTS])
+def test_a_documented_import_exists(where, module, name):
+    import importlib
+
+    assert hasattr(importlib.import_module(module), name), f"{where}: rollwise has no {module}.{name}"
+
+
+def test_the_docs_show_imports():
+    assert len(IMPORTS) > 5

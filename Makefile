@@ -32,7 +32,7 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m ''
 
-# a recipe over seeds 0-2, side by side (one torch thread each), then the README's table
+# a recipe over seeds 0-2, side by side (one torch thread each), then the table README.md and docs/models.md quote
 # (docs/data/<recipe>.json): SmolLM2-135M-Instruct, 20 minutes of RL per seed.
 # make smollm2-seeds RECIPE=smollm2_add for the addition-only recipe
 RECIPE ?= smollm2

@@ -3,7 +3,7 @@
     python scripts/seeds_table.py runs/smollm2-s0 runs/smollm2-s1 runs/smollm2-s2 --json docs/data/smollm2.json
 
 Reads each run directory's ``summary.json`` (accuracy before and after RL, steps, RL wall time,
-generated tokens) and its eval curve from ``metrics.jsonl``; prints the table the README quotes.
+generated tokens) and its eval curve from ``metrics.jsonl``; prints the table README.md and docs/models.md quote.
 """
 
 from __future__ import annotations

@@ -249,3 +249,19 @@ def test_a_documented_import_exists(where, module, name):
 
 def test_the_docs_show_imports():
     assert len(IMPORTS) > 5
+
+
+def test_the_readme_lists_every_method_id():
+    """Every id the registries know has a row in the README's method table (a new method gets one)."""
+    from rollwise.control import CONTROLLERS
+    from rollwise.generate import STRATEGIES
+    from rollwise.optim.objective import PRESETS
+    from rollwise.replay import REPLAY_METHODS
+
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `")]
+    wanted = ([f"rollout.strategy: {i}" for i in STRATEGIES] + [f"control.method: {i}" for i in CONTROLLERS]
+              + [f"replay.method: {i}" for i in REPLAY_METHODS])
+    missing = [w for w in wanted if not any(f"`{w}`" in row for row in rows)]
+    missing += [f"objective.method: {i}" for i in PRESETS
+                if not any(row.startswith(f"| `{i}` |") or f"`objective.method: {i}`" in row for row in rows)]
+    assert missing == []

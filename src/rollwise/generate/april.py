@@ -40,13 +40,13 @@ from pydantic import Field
 from rollwise.config import ConfigError
 from rollwise.config import StrictModel
 from rollwise.engine.engine import Request
+from rollwise.engine.protocol import BranchingEngine
 from rollwise.engine.sampling import SamplingParams
 from rollwise.engine.state import PartialState
 from rollwise.generate.base import Generator
 from rollwise.generate.group import to_rollout
+from rollwise.seeds import derive
 from rollwise.types import Prompt, Rollout, RolloutGroup
-
-_MASK = 2**62 - 1
 
 
 class AprilConfig(StrictModel):
@@ -89,7 +89,7 @@ class AprilSampler(Generator):
         """Fresh prompts to add this step: fill ``over_provision · n`` groups after the carried ones."""
         return max(math.ceil(self.cfg.over_provision * n) - len(self.buffer), 0)
 
-    def generate(self, engine, prompts: list[Prompt], budgets: list[int],
+    def generate(self, engine: BranchingEngine, prompts: list[Prompt], budgets: list[int],
                  seed: int) -> tuple[list[RolloutGroup], dict[str, float]]:
         if not hasattr(engine, "pause"):
             raise ConfigError("rollout.strategy=april needs the slot engine (pause/resume); set rollout.engine=slots "
@@ -104,7 +104,7 @@ class AprilSampler(Generator):
             flights.append(flight)
         self.buffer = []
         for pi, (prompt, n) in enumerate(zip(prompts, budgets)):
-            requests = [Request(prompt.token_ids, replace(self.params, seed=hash((seed, pi, j)) & _MASK))
+            requests = [Request(prompt.token_ids, replace(self.params, seed=derive(seed, pi, j)))
                         for j in range(n)]
             owner.update({h: len(flights) for h in engine.submit(requests)})
             flights.append(_Flight(prompt, n))

@@ -1,6 +1,8 @@
 """The contract every rollout strategy keeps (DESIGN.md, Generator).
 
-``generate(engine, prompts, budgets, seed) -> (groups, metrics)``: ``budgets[i]`` rollouts (or
+``generate(engine, prompts, budgets, seed) -> (groups, metrics)`` on an engine that keeps
+``engine/protocol.py``'s ``TokenEngine`` (``BranchingEngine`` for the strategies that fork,
+pause or abort): ``budgets[i]`` rollouts (or
 tree leaves) for ``prompts[i]`` (0: an empty group — a rollout worker gets the step's whole
 prompt list with 0 for the prompts other workers sample, so a prompt's seeds depend on its
 place in the step, not on the worker); ``seed`` fixes the step's sampling whatever the batching;
@@ -13,6 +15,7 @@ window) and are saved with every checkpoint; stateless strategies return ``{}``.
 
 from __future__ import annotations
 
+from rollwise.engine.protocol import TokenEngine
 from rollwise.types import Prompt, RolloutGroup
 
 
@@ -22,7 +25,7 @@ class Generator:
     def prompts_wanted(self, n: int) -> int:
         return n
 
-    def generate(self, engine, prompts: list[Prompt], budgets: list[int],
+    def generate(self, engine: TokenEngine, prompts: list[Prompt], budgets: list[int],
                  seed: int) -> tuple[list[RolloutGroup], dict[str, float]]:
         raise NotImplementedError
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field, replace
 
 from rollwise.config import ConfigError
 from rollwise.engine.engine import Request
+from rollwise.engine.protocol import BranchingEngine
 from rollwise.engine.sampling import SamplingParams
 from rollwise.generate.group import forced_weights
+from rollwise.seeds import derive
 from rollwise.types import Prompt, Rollout, RolloutGroup, Tree
-
-_MASK = 2**62 - 1
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Leaf:
 class Forest:
     """Live branches of many prompts' trees on one engine; leaves collected as they finish."""
 
-    def __init__(self, engine, prompts: list[Prompt], budgets: list[int], params: SamplingParams, seed: int):
+    def __init__(self, engine: BranchingEngine, prompts: list[Prompt], budgets: list[int], params: SamplingParams, seed: int):
         if not hasattr(engine, "fork"):
             raise ConfigError("tree-shaped rollout strategies need the slot engine (fork); set rollout.engine=slots "
                              "(Llama/Qwen2/Mistral models) or use rollout.strategy=group")
@@ -70,7 +70,7 @@ class Forest:
         forked while queued so the prompt is prefilled once for all of them (``n`` = 0: none)."""
         if n <= 0:
             return []
-        seed = hash((self.seed, pi, salt)) & _MASK
+        seed = derive(self.seed, pi, salt)
         (handle,) = self.engine.submit([Request(self.prompts[pi].token_ids, _with_seed(self.params, seed))])
         handles = self.engine.fork(handle, n) if n > 1 else [handle]
         for h in handles:

@@ -18,9 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from rollwise.config import ConfigError
-from rollwise.engine.engine import Completion, Engine, Request
+from rollwise.engine.engine import Completion, Request
+from rollwise.engine.protocol import BranchingEngine, TokenEngine
 from rollwise.engine.sampling import SamplingParams
 from rollwise.generate.base import Generator
+from rollwise.generate.live import LiveRollouts
+from rollwise.seeds import derive
 from rollwise.types import Prompt, Rollout, RolloutGroup
 
 
@@ -33,13 +36,13 @@ class GroupSampler(Generator):
     gate: Callable[[Partial], bool] | None = None  # online pruning: False stops the rollout
     gate_every: int = 0  # tokens between two gate calls on one rollout
 
-    def generate(self, engine: Engine, prompts: list[Prompt], budgets: list[int],
+    def generate(self, engine: TokenEngine, prompts: list[Prompt], budgets: list[int],
                  seed: int) -> tuple[list[RolloutGroup], dict[str, float]]:
         requests, owners = [], []
         for pi, (prompt, n) in enumerate(zip(prompts, budgets)):
             for j in range(n):
                 # one seed per (step seed, prompt slot, sample): reproducible whatever the batching
-                params = replace(self.params, seed=hash((seed, pi, j)) & (2**62 - 1))
+                params = replace(self.params, seed=derive(seed, pi, j))
                 requests.append(Request(prompt.token_ids, params))
                 owners.append(pi)
         if self.gate is None:
@@ -52,7 +55,7 @@ class GroupSampler(Generator):
                 groups[pi].rollouts.append(to_rollout(prompts[pi], c, self.decode))
         return groups, metrics
 
-    def gated(self, engine, requests: list[Request], owners: list[int],
+    def gated(self, engine: BranchingEngine, requests: list[Request], owners: list[int],
               prompts: list[Prompt]) -> tuple[list[Completion | None], dict[str, float]]:
         """Run ``requests`` asking the gate at every ``gate_every`` tokens; stopped ones come back None."""
         if not hasattr(engine, "abort"):
@@ -63,16 +66,14 @@ class GroupSampler(Generator):
         remaining = [0] * len(prompts)  # rollouts of each prompt not stopped
         for pi in owners:
             remaining[pi] += 1
-        alive, done, asked = set(handles), {}, {}
+        live, asked = LiveRollouts(engine, handles), {}
         stopped = stopped_tokens = 0
         every = max(self.gate_every, 1)
-        while alive:
-            for c in engine.step():
-                if c.handle in alive:
-                    alive.discard(c.handle)
-                    done[c.handle] = c
+
+        def ask_the_gate(_finished) -> None:
+            nonlocal stopped, stopped_tokens
             stop = []
-            for h in sorted(alive):
+            for h in sorted(live.alive):
                 view = engine.peek(h)
                 n = len(view.token_ids)
                 if n == 0 or n % every or asked.get(h) == n:
@@ -84,12 +85,12 @@ class GroupSampler(Generator):
                     stop.append(h)
                     remaining[pi] -= 1
                     stopped_tokens += n
-            if stop:
-                engine.abort(stop)
-                alive.difference_update(stop)
-                stopped += len(stop)
-        return [done.get(h) for h in handles], {"control/stopped_rollouts": float(stopped),
-                                                 "control/stopped_tokens": float(stopped_tokens)}
+            live.abort(stop)
+            stopped += len(stop)
+
+        live.run(ask_the_gate)
+        return live.completions(handles), {"control/stopped_rollouts": float(stopped),
+                                           "control/stopped_tokens": float(stopped_tokens)}
 
 
 @dataclass(frozen=True)

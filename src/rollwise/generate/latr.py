@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from pydantic import Field
 
 from rollwise.config import StrictModel
+from rollwise.engine.protocol import BranchingEngine
 from rollwise.engine.sampling import SamplingParams
 from rollwise.generate.base import Generator
 from rollwise.generate.forest import Forest
@@ -78,7 +79,7 @@ class LatrSampler(Generator):
         self.params = replace(self.params, top_candidates=max(self.params.top_candidates, 2))
         self._log_threshold = math.log(self.cfg.branch_threshold)
 
-    def generate(self, engine, prompts: list[Prompt], budgets: list[int],
+    def generate(self, engine: BranchingEngine, prompts: list[Prompt], budgets: list[int],
                  seed: int) -> tuple[list[RolloutGroup], dict[str, float]]:
         forest = Forest(engine, prompts, budgets, self.params, seed)
         self._pairs: list[_Pair] = []

@@ -22,13 +22,14 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from rollwise.config import ConfigError
-from rollwise.engine.engine import Request
+from rollwise.engine.engine import Completion, Request
+from rollwise.engine.protocol import BranchingEngine
 from rollwise.engine.sampling import SamplingParams
 from rollwise.generate.base import Generator
 from rollwise.generate.group import to_rollout
+from rollwise.generate.live import LiveRollouts
+from rollwise.seeds import derive
 from rollwise.types import Prompt, RolloutGroup
-
-_MASK = 2**62 - 1
 
 
 @dataclass
@@ -40,7 +41,7 @@ class PrunedSampler(Generator):
     segment_len: int = 8
     features: dict[int, torch.Tensor] = field(default_factory=dict)  # id(rollout) -> [D], last call's rollouts
 
-    def generate(self, engine, prompts: list[Prompt], budgets: list[int],
+    def generate(self, engine: BranchingEngine, prompts: list[Prompt], budgets: list[int],
                  seed: int) -> tuple[list[RolloutGroup], dict[str, float]]:
         if not hasattr(engine, "abort"):
             raise ConfigError("control.method=arrol prunes inside generation and needs the slot engine; set "
@@ -50,21 +51,18 @@ class PrunedSampler(Generator):
         handles: list[list[int]] = []
         for pi, (prompt, n) in enumerate(zip(prompts, budgets)):
             start = n * self.over_provision if pruning else n
-            (h,) = engine.submit([Request(prompt.token_ids, replace(params, seed=hash((seed, pi)) & _MASK))])
+            (h,) = engine.submit([Request(prompt.token_ids, replace(params, seed=derive(seed, pi)))])
             handles.append(engine.fork(h, start) if start > 1 else [h])
-        owner = {h: pi for pi, hs in enumerate(handles) for h in hs}
-        feature: dict[int, torch.Tensor] = {}
-        done: dict = {}
+        live = LiveRollouts(engine, [h for hs in handles for h in hs])
+        feature: dict[int, torch.Tensor] = {}  # handle -> [D] hidden state at the pruning point
         decided = [False] * len(prompts)
         pruned = pruned_tokens = 0
-        alive = set(owner)
-        while alive:
-            for c in engine.step():
-                if c.handle in alive:
-                    alive.discard(c.handle)
-                    done[c.handle] = c
-                    feature.setdefault(c.handle, c.hidden)
-            for h in alive:
+
+        def prune(finished) -> None:
+            nonlocal pruned, pruned_tokens
+            for c in finished:
+                feature.setdefault(c.handle, c.hidden)
+            for h in live.alive:
                 view = engine.peek(h)
                 if h not in feature and len(view.token_ids) >= self.segment_len and view.hidden is not None:
                     feature[h] = view.hidden
@@ -76,16 +74,20 @@ class PrunedSampler(Generator):
                     continue
                 keep = set(self.pruner.keep(torch.stack([feature[h] for h in hs]), budgets[pi]))
                 drop = [h for i, h in enumerate(hs) if i not in keep]
-                live_drop = [h for h in drop if h in alive]
-                pruned_tokens += sum(len(engine.peek(h).token_ids) for h in live_drop)
-                pruned_tokens += sum(len(done[h].token_ids) for h in drop if h in done)
-                if live_drop:
-                    engine.abort(live_drop)
-                alive.difference_update(drop)
-                for h in drop:
-                    done.pop(h, None)
+                pruned_tokens += sum(len(engine.peek(h).token_ids) for h in drop if h in live.alive)
+                pruned_tokens += sum(len(live.done[h].token_ids) for h in drop if h in live.done)
+                live.abort(drop)
                 handles[pi] = [h for i, h in enumerate(hs) if i in keep]
                 pruned += len(drop)
+
+        live.run(prune)
+        groups = self.groups(prompts, handles, live.done, feature)
+        return groups, {"arrol/pruning": float(pruning), "arrol/pruned_rollouts": float(pruned),
+                        "arrol/pruned_tokens": float(pruned_tokens)}
+
+    def groups(self, prompts: list[Prompt], handles: list[list[int]], done: dict[int, Completion],
+               feature: dict[int, torch.Tensor]) -> list[RolloutGroup]:
+        """The kept rollouts of each prompt; their hidden states into ``features`` (by rollout id)."""
         groups = []
         self.features.clear()  # the pruner holds this dict: filled in place
         for pi, prompt in enumerate(prompts):
@@ -95,5 +97,4 @@ class PrunedSampler(Generator):
                 rollouts.append(r)
                 self.features[id(r)] = feature[h]
             groups.append(RolloutGroup(prompt=prompt, rollouts=rollouts))
-        return groups, {"arrol/pruning": float(pruning), "arrol/pruned_rollouts": float(pruned),
-                        "arrol/pruned_tokens": float(pruned_tokens)}
+        return groups

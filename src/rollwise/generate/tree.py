@@ -42,6 +42,7 @@ import numpy as np
 from pydantic import Field
 
 from rollwise.config import StrictModel
+from rollwise.engine.protocol import BranchingEngine
 from rollwise.engine.sampling import SamplingParams
 from rollwise.generate.base import Generator
 from rollwise.generate.forest import Forest
@@ -70,7 +71,7 @@ class TreeSampler(Generator):
     def __post_init__(self) -> None:
         self.entropies: deque[float] = deque(maxlen=self.window)
 
-    def generate(self, engine, prompts: list[Prompt], budgets: list[int],
+    def generate(self, engine: BranchingEngine, prompts: list[Prompt], budgets: list[int],
                  seed: int) -> tuple[list[RolloutGroup], dict[str, float]]:
         cfg = self.cfg
         forest = Forest(engine, prompts, budgets, self.params, seed)

@@ -35,23 +35,21 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 from typing import Literal
 
 import torch
 from pydantic import Field
 
-from rollwise.bench.control import task_sets, tokens_to_reach, warm_start
-from rollwise.bench.engine import _quiet_transformers
+from rollwise.bench.harness import (NOISE_FLOOR, NOISE_SEED_OFFSET, TaskBenchConfig, departs_at, load_settings,
+                                    paired, rl_sets, seed_sets, session, task_sets, task_warm_start, threads_set,
+                                    tokens_ratios, train_run, write_json)
 from rollwise.bench.ledger import write_ledger
-from rollwise.bench.stats import correct_string, departure_step, identical_groups, paired_effect, seed_test, verdict
-from rollwise.config import ConfigError, StrictModel, apply_overrides, validate
+from rollwise.bench.stats import identical_groups, seed_test, verdict
+from rollwise.config import ConfigError
 from rollwise.report.runs import read_jsonl
 
 BASELINE = "baseline"
-NOISE_FLOOR = "noise_floor"
-NOISE_SEED_OFFSET = 1_000  # the noise floor samples with sampling_seed = seed + this
 STAGE_KEYS = {"objective": "objective.method", "strategy": "rollout.strategy", "control": "control.method",
               "replay": "replay.method"}
 # what an arm needs besides its one line (method-specific requirements)
@@ -100,38 +98,23 @@ def default_arms(regimes: list[str] = ("epochs2", "async1")) -> list[str]:
             + [f"objective:{n}@{r}" for r in regimes for n in ratio_presets()])
 
 
-class AblateBenchConfig(StrictModel):
+class AblateBenchConfig(TaskBenchConfig):
     """Settings of ``rollwise bench ablate`` (override with ``--set key=value``)."""
 
     arms: list[str] | None = Field(None, description="arms as stage:id or stage:id@regime (null = every implemented "
                                    "method id, and the ratio presets in each of `regimes`)")
     regimes: list[Literal[tuple(REGIMES)]] = Field(["epochs2", "async1"], description="off-policy regimes the default "
                                                    "arms measure the ratio presets in")
-    noise_floor: bool = Field(True, description="also run the baseline with other sampling seeds, judged by the same "
-                              "rule: it must read 'no detectable difference'")
-    tasks: list[Literal["arith", "countdown"]] = Field(["arith", "countdown"], min_length=1, description="tasks")
-    seeds: list[int] = Field([0, 1, 2, 3, 4], min_length=1, description="RL seeds per arm (the verdict's unit)")
     out: str = Field("runs/ablate", description="results directory (results.jsonl, warm starts, the ledger): "
                      "run again with the same out to continue a killed ablation")
-    threads: int = Field(1, ge=0, description="torch threads (0 = torch's default)")
-    preset: str = Field("tiny", description="model preset (random init, then SFT)")
-    sft_steps: int = Field(500, ge=0, description="SFT warm-start steps per task")
     tokens: int = Field(240_000, ge=1, description="arith: generated-token budget of every run (~46 baseline steps)")
     countdown_tokens: int = Field(160_000, ge=1, description="countdown: generated-token budget of every run "
                                   "(~120 baseline steps)")
-    num_generations: int = Field(8, ge=2, description="rollouts per prompt")
-    prompts_per_step: int = Field(16, ge=1, description="groups per step")
-    lr: float = Field(3e-5, gt=0, description="learning rate")
     eval_every: int = Field(5, ge=1, description="evaluate every N steps (and at the end)")
-    eval_size: int = Field(200, ge=1, description="held-out prompts for greedy accuracy")
-    arith_max_digits: int = Field(5, ge=1, description="arith: operand digits up to this")
-    arith_max_new_tokens: int = Field(96, ge=1, description="arith completion limit")
-    countdown_max_new_tokens: int = Field(32, ge=1, description="countdown completion limit")
-    countdown_max_numbers: int = Field(3, ge=3, le=6, description="countdown: most numbers given per prompt")
 
 
 def load_ablate_config(overrides: list[str]) -> AblateBenchConfig:
-    cfg = validate(AblateBenchConfig, apply_overrides({}, list(overrides)))
+    cfg = load_settings(AblateBenchConfig, overrides)
     for arm in cfg.arms or []:
         body, _, regime = arm.partition("@")
         stage, _, name = body.partition(":")
@@ -162,7 +145,7 @@ def arm_lines(arm: str) -> list[str]:
     if body == BASELINE:
         lines = []
     elif body == NOISE_FLOOR:
-        lines = [f"sampling_seed=seed+{NOISE_SEED_OFFSET}"]  # _run sets the number
+        lines = [f"sampling_seed=seed+{NOISE_SEED_OFFSET}"]  # seed_sets gives the number
     else:
         lines = [f"{STAGE_KEYS[stage]}={name}", *ARM_EXTRAS.get(body, [])]
     return lines + (REGIMES[regime] if regime else [])
@@ -182,97 +165,58 @@ def all_arms(cfg: AblateBenchConfig) -> list[str]:
 
 def run_ablate_bench(overrides: list[str], console, json_path: Path | None = None) -> dict:
     cfg = load_ablate_config(overrides)
-    arms = all_arms(cfg)
-    out = Path(cfg.out)
+    arms, out = all_arms(cfg), Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
     finished = read_jsonl(results_path)  # a line cut by a kill is dropped
     if results_path.exists():  # drop a line cut by a kill before appending again
         results_path.write_text("".join(json.dumps(r) + "\n" for r in finished))
     done = {(r["task"], r["arm"], r["seed"]): r for r in finished}
-    threads = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
-        with _quiet_transformers(), torch.random.fork_rng():
-            for task in cfg.tasks:
-                warm = _warm_start(cfg, task, out, console)
-                for seed in cfg.seeds:
-                    for arm in arms:
-                        if (task, arm, seed) in done:
-                            continue
-                        record = _run(cfg, task, arm, seed, warm, out, console)
-                        with results_path.open("a") as f:
-                            f.write(json.dumps(record) + "\n")
-                        done[(task, arm, seed)] = record
-    finally:
-        torch.set_num_threads(threads)
+    with session(cfg.threads):
+        for task in cfg.tasks:
+            warm = out / f"warm_{task}" / "init_model"
+            if not (warm / "config.json").exists():  # a resumed ablation keeps its warm start
+                warm = task_warm_start(cfg, task, out, console)
+            for seed in cfg.seeds:
+                for arm in (a for a in arms if (task, a, seed) not in done):
+                    done[(task, arm, seed)] = record = _run(cfg, task, arm, seed, warm, out, console)
+                    with results_path.open("a") as f:
+                        f.write(json.dumps(record) + "\n")
     ledger = {"settings": cfg.model_dump(), "command": "rollwise bench ablate " + " ".join(
         f"--set {o}" for o in overrides), "tasks": {}}
     for task in cfg.tasks:
         runs = [r for (t, _, s), r in done.items() if t == task and s in cfg.seeds]
         ledger["tasks"][task] = summarize(runs, arms)
     markdown = write_ledger(ledger, out)
-    if json_path is not None:
-        json_path.write_text(json.dumps(ledger, indent=2))
+    write_json(json_path, ledger)
     console.print(markdown, highlight=False, soft_wrap=True)
     return ledger
 
 
-def _warm_start(cfg: AblateBenchConfig, task: str, out: Path, console) -> Path:
-    model_dir = out / f"warm_{task}" / "init_model"
-    if (model_dir / "config.json").exists():  # a resumed ablation keeps its warm start
-        return model_dir
-    return warm_start(cfg, task, out, console)
-
-
 def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out: Path, console) -> dict:
-    from rollwise.train.config import load_run_config
-    from rollwise.train.loop import Trainer, Until
-
-    tokens = cfg.tokens if task == "arith" else cfg.countdown_tokens
-    threads = torch.get_num_threads()
+    """One arm on one seed to the task's token budget (a refused config: recorded as refused)."""
     record = {"task": task, "arm": arm, "seed": seed, "lines": arm_lines(arm)}
     lines = [x for x in arm_lines(arm) if not x.startswith("sampling_seed=")]
-    if split_arm(arm)[0] == NOISE_FLOOR:
-        lines.append(f"sampling_seed={seed + NOISE_SEED_OFFSET}")
     if split_arm(arm)[1] == "async1":
-        lines += [f"train.generation_threads={threads}", f"train.update_threads={threads}"]
-    sets = [f"output_dir={out / 'runs'}", f"name={task}_{arm.replace(':', '_').replace('@', '_')}_{seed}",
-            f"seed={seed}", f"model.path={warm}", f"model.threads={threads}", *task_sets(cfg, task), "sft.steps=0",
-            f"rollout.num_generations={cfg.num_generations}", f"rollout.prompts_per_step={cfg.prompts_per_step}",
-            f"optim.lr={cfg.lr}", "optim.micro_batch_size=128", "train.steps=100000",
-            f"train.eval_every={cfg.eval_every}", "train.eval_samples=0", "train.log_samples=0",
-            "train.checkpoint_every=0", *lines]
-    curve, evals, trace = [], [], []
-    start = time.perf_counter()
-
-    def on_eval(step, result):
-        curve.append((t.state.generated_tokens, result.accuracy))
-        evals.append(correct_string(result.correct))
-
-    def on_step(step, metrics):
-        trace.append([metrics.get("tokens/generated"), metrics.get("reward/mean")])
-        status.update(f"{task}: {arm}, seed {seed}, {t.state.generated_tokens:,}/{tokens:,} tokens")
-
+        lines += [f"train.generation_threads={torch.get_num_threads()}",
+                  f"train.update_threads={torch.get_num_threads()}"]
+    name = f"{task}_{arm.replace(':', '_').replace('@', '_')}_{seed}"
+    sets = [*rl_sets(cfg, out / "runs", name, seed, warm, cfg.eval_every), threads_set(), *task_sets(cfg, task),
+            *lines, *seed_sets(split_arm(arm)[0], seed)]
     try:
-        with console.status(f"{task}: {arm}, seed {seed}") as status, Trainer(load_run_config(None, sets)) as t:
-            t.prepare()
-            summary = t.fit(Until(generated_tokens=tokens), on_eval=on_eval, on_step=on_step)
+        run = train_run(sets, console, f"{task}: {arm}, seed {seed}", tokens=cfg.budget(task))
     except ConfigError as e:
         return record | {"refused": str(e)}
-    return record | {"curve": curve, "final_accuracy": summary["final_accuracy"], "correct": evals[-1],
-                     "eval_correct": evals, "trace": trace, "initial_accuracy": summary["initial_accuracy"],
-                     "generated_tokens": summary["generated_tokens"], "steps": summary["steps"],
-                     "wall_seconds": time.perf_counter() - start}
+    return record | run.record(seed) | {
+        "curve": run.curve, "correct": run.evals[-1]["correct"], "eval_correct": [e["correct"] for e in run.evals],
+        "steps": run.summary["steps"], "wall_seconds": run.seconds}
 
 
 def _effect(rs: dict[int, dict], base: dict[int, dict], seeds: list[int]) -> dict:
     """The paired effect on per-prompt correctness (records of an older ablation without it: on the
     per-seed accuracies alone, the same t rule)."""
-    if all("correct" in rs[s] and "correct" in base[s] for s in seeds):
-        e = paired_effect({s: rs[s]["correct"] for s in seeds}, {s: base[s]["correct"] for s in seeds})
-        return {k: v for k, v in e.as_dict().items() if k != "verdict"} | {"verdict": e.verdict}
+    if effect := paired({s: rs[s] for s in seeds}, base, lambda r: r.get("correct")):
+        return effect | {"seeds": len(seeds)}
     diffs = [rs[s]["final_accuracy"] - base[s]["final_accuracy"] for s in seeds]
     mean, ci, p = seed_test(diffs)
     return {"difference": mean, "ci95": None if ci is None else list(ci), "p": p, "seed_differences": diffs,
@@ -304,20 +248,14 @@ def summarize(runs: list[dict], arms: list[str]) -> dict[str, dict]:
             continue
         base = {s: r for s, r in by_arm.get(baseline_of(arm), {}).items() if "refused" not in r}
         seeds = sorted(s for s in rs if s in base)
-        ratios = []
-        for s in seeds:
-            target = base[s]["final_accuracy"]
-            mine, theirs = tokens_to_reach(rs[s]["curve"], target), tokens_to_reach(base[s]["curve"], target)
-            if mine is not None and theirs:
-                ratios.append(mine / theirs)
-        departs = [departure_step(rs[s]["trace"], base[s]["trace"]) for s in seeds if "trace" in rs[s]]
+        ratios = tokens_ratios(rs, base)
         row = {"ids": [arm], "lines": arm_lines(arm), "seeds": len(rs),
                "accuracies": [rs[s]["final_accuracy"] for s in sorted(rs)],
                "accuracy_mean": statistics.mean(rs[s]["final_accuracy"] for s in rs),
                "steps_mean": statistics.mean(r.get("steps", 0) for r in rs.values()),
                "wall_seconds": statistics.mean(r["wall_seconds"] for r in rs.values()),
                "tokens_ratio": statistics.mean(ratios) if ratios else None, "reached": len(ratios),
-               "departs_at": min((d for d in departs if d is not None), default=None)}
+               "departs_at": departs_at(rs, base)}
         if seeds and arm != baseline_of(arm):
             row |= _effect(rs, base, seeds)
         elif seeds:

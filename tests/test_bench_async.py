@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rollwise.bench.overlap import accuracy_at_wall, arm_sets, staleness_histogram, summarize
+from rollwise.bench.async_mode import accuracy_at_wall, arm_sets, staleness_histogram, summarize
 
 
 def run(seed, wall, curve, shares=None, idle=None):
@@ -45,7 +45,7 @@ def test_summary_by_hand():
 
 
 def test_eval_every_must_divide_steps():
-    from rollwise.bench.overlap import load_async_bench_config
+    from rollwise.bench.async_mode import load_async_bench_config
     from rollwise.config import ConfigError
 
     with pytest.raises(ConfigError, match="eval_every=7 must divide steps=60"):

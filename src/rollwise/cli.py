@@ -273,7 +273,7 @@ def bench_control(json_path: JsonOpt = None, set_: SetOpt = None):
 @friendly_errors
 def bench_async(json_path: JsonOpt = None, set_: SetOpt = None):
     """Sync vs async (max_staleness 1, 2) and replay vs none: wall time, accuracy at equal steps and wall, staleness."""
-    from rollwise.bench.overlap import run_async_bench
+    from rollwise.bench.async_mode import run_async_bench
 
     _report(run_async_bench(overrides=set_ or [], console=console, json_path=json_path), json_path)
 

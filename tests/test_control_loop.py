@@ -7,13 +7,15 @@ budget was spent exactly), bad combinations are ConfigErrors that name the fix, 
 import pytest
 from typer.testing import CliRunner
 
+from rollwise import seeds
 from rollwise.config import ConfigError
 from rollwise.control import CONTROLLERS
 from rollwise.control.gdro import BINS, loss_at_stake
 from rollwise.filter.rewards import score_groups
 from rollwise.optim.batch import build_batch
 from rollwise.optim.objective import assign_advantages
-from rollwise.optim.update import policy_update
+from rollwise.optim.update import UpdateSpec, policy_update
+from rollwise.train.collect import RoundSampler
 from rollwise.train.config import load_run_config
 from rollwise.train.loop import Trainer
 
@@ -54,11 +56,11 @@ def old_step(t: Trainer) -> dict:
     metrics |= assign_advantages(groups, cfg.objective)
     batch = build_batch(groups, t.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
     o, r = cfg.optim, cfg.rollout
-    metrics |= policy_update(t.model, t.optimizer, batch, cfg.objective, micro_batch_size=o.micro_batch_size,
-                             num_iterations=o.num_iterations, max_grad_norm=o.max_grad_norm, max_len=r.max_new_tokens,
-                             temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, ref_model=t.ref_model,
-                             skip_zero_advantage=o.skip_zero_advantage, logits_budget_mb=o.logits_budget_mb,
-                             packed=t.packed)
+    spec = UpdateSpec(cfg.objective, passes=o.num_iterations, micro_batch_size=o.micro_batch_size,
+                      max_grad_norm=o.max_grad_norm, max_len=r.max_new_tokens, temperature=r.temperature,
+                      top_k=r.top_k, top_p=r.top_p, skip_zero_advantage=o.skip_zero_advantage,
+                      logits_budget_mb=o.logits_budget_mb, packed=t.packed)
+    metrics |= policy_update(t.model, t.optimizer, batch, spec, t.ref_model)
     t.scheduler.step()
     t.engine.load_weights(t.model)
     t.state.step += 1
@@ -169,32 +171,33 @@ def test_arrol_prunes_once_its_probe_is_ready(tmp_path, warm):
 
 @pytest.mark.parametrize("strategy", ["group", "tree"])
 @pytest.mark.parametrize("method", ["xrpo_alloc", "dars"])
-def test_extra_rounds_reuse_the_cached_prompt_prefix(tmp_path, warm, method, strategy):
+def test_extra_rounds_reuse_the_cached_prompt_prefix(tmp_path, warm, method, strategy, monkeypatch):
     """An extend round samples prompts the step already prefilled: each extra rollout feeds one
     prompt token (the prefix is copied from the engine's kept prefixes), none is prefilled again."""
     with trainer_for(tmp_path, warm, f"control.method={method}", f"rollout.strategy={strategy}",
                      *CASES[method]) as t:
-        rounds, run, prefill = [], t.generate_and_score, t.engine.forward.prefill
+        rounds, run, prefill = [], RoundSampler.sample, t.engine.forward.prefill
         prefilled = []  # prompt tokens run through a model prefill, per call
 
         def counting_prefill(kv, ids, lens, row0, start=0):
             prefilled.append(sum(lens))
             return prefill(kv, ids, lens, row0, start)
 
-        def spy(prompts, budgets, clock, salt=0, **kw):
+        def spy(sampler, prompts, budgets, salt=seeds.FIRST_ROUND):
             stats, before = t.engine.stats, (len(prefilled), t.engine.stats.prefix_cache_tokens)
-            out = run(prompts, budgets, clock, salt, **kw)
+            out = run(sampler, prompts, budgets, salt)
             rounds.append((salt, prompts, budgets, prefilled[before[0]:], stats.prefix_cache_tokens - before[1]))
             return out
 
-        t.engine.forward.prefill, t.generate_and_score = counting_prefill, spy
+        t.engine.forward.prefill = counting_prefill
+        monkeypatch.setattr(RoundSampler, "sample", spy)
         for _ in range(4):  # DARS extends only when some prompt came back hard
             m = t.step()
             assert not t.engine._prefixes  # forgotten at the step's end
-            if any(r[0] >= 100 for r in rounds):
+            if any(seeds.is_extend_round(r[0]) for r in rounds):
                 break
         assert rounds[0][3], "the first round prefilled its prompts"
-        extra = [r for r in rounds if r[0] >= 100]
+        extra = [r for r in rounds if seeds.is_extend_round(r[0])]
         assert extra, "the controller ran no extend round"
         for _, prompts, budgets, calls, reused in extra:
             kept = [(p, b) for p, b in zip(prompts, budgets) if b > 0]
@@ -236,9 +239,9 @@ def test_dars_breadth_runs_two_optimizer_passes(tmp_path, warm, monkeypatch):
 
     seen, update = [], loop.policy_update
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs["num_iterations"])
-        return update(*args, **kwargs)
+    def spy(model, optimizer, batch, spec, ref_model=None):
+        seen.append(spec.passes)
+        return update(model, optimizer, batch, spec, ref_model)
 
     monkeypatch.setattr(loop, "policy_update", spy)
     with trainer_for(tmp_path, warm, "control.method=dars", "control.dars.breadth=true") as t:

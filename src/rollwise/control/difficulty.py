@@ -26,6 +26,8 @@ not counted).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from pydantic import Field
@@ -69,13 +71,25 @@ def prompt_embeddings(model, prompts: list[Prompt], pad_token_id: int) -> np.nda
     return torch.nn.functional.normalize(pooled, dim=-1).cpu().numpy()
 
 
+class PolicyEmbedder:
+    """``DifficultySelect``'s ``embed``: prompts -> [N, d] normalised embeddings under the policy
+    that samples. ``policy()`` is asked at every use (async mode: the producer's own copy, the
+    version that samples the step)."""
+
+    def __init__(self, policy: Callable[[], torch.nn.Module], pad_token_id: int) -> None:
+        self.policy, self.pad_token_id = policy, pad_token_id
+
+    def __call__(self, prompts: list[Prompt]) -> np.ndarray:
+        return prompt_embeddings(self.policy(), prompts, self.pad_token_id)
+
+
 class DifficultySelect(Controller):
     name = "difficulty_select"
 
     def __init__(self, cfg: DifficultyConfig, embed=None, **kw) -> None:
         super().__init__(**kw)
         self.cfg = cfg
-        self.embed = embed  # prompts -> [N, d] normalised embeddings (the trainer passes its policy's)
+        self.embed = embed  # prompts -> [N, d] normalised embeddings (the trainer passes a PolicyEmbedder)
         self.reference: list[str] = []  # ids of the recently rolled-out prompts, newest last
         self._last: dict[str, float] = {}
         self._embedded = 0  # prompt tokens embedded since forward_tokens() was last read

@@ -14,8 +14,13 @@ A checkpoint directory ``checkpoints/step_000050/`` holds::
                         buffer, TreePO's entropy window)
     controller.pt       the controller's state and its PromptStats (``control.method`` other
                         than ``none``)
+    pipeline.pt         async: the batches generated ahead and not trained yet
+    replay.pt           the replay method's buffer and counters (``replay.method`` other than ``none``)
+    reference.safetensors  a reference model moved during the run (ReMix's reincarnation)
 
-Resuming loads all four, so the run continues exactly as the uninterrupted one would.
+Resuming loads them all, so the run continues exactly as the uninterrupted one would.
+``save_run`` and ``restore_run`` are what a ``Trainer`` saves and loads; the functions below
+them read and write the files.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +38,43 @@ from safetensors.torch import save_file
 
 from rollwise.config import ConfigError
 from rollwise.model.lora import has_lora, policy_state
+from rollwise.train.state import TrainState
+
+
+def save_run(trainer, queued: list | None) -> Path:
+    """Save everything ``trainer`` (a ``Trainer``) needs to resume at its current step, atomically;
+    ``queued``: async batches generated ahead and not trained yet."""
+    t, cfg = trainer, trainer.cfg
+    control = None
+    if cfg.control.method != "none":  # the run without control keeps its checkpoint layout
+        control = {"controller": t.controller.state_dict(), "stats": t.stats.state_dict()}
+    generator = t.pool.generator_state() if t.pool is not None else t.generator.state_dict()  # workers: theirs
+    return save_checkpoint(t.run_dir, t.state.step, t.model, t.optimizer, t.scheduler, asdict(t.state),
+                           cfg.train.keep_checkpoints, generator or None, control, queued,
+                           t.replay.state_dict() if cfg.replay.method != "none" else None,
+                           t.ref_model if t.state.reference_moved_at is not None else None)
+
+
+def restore_run(trainer, path: Path) -> None:
+    """Load checkpoint ``path`` into ``trainer``: weights (into its engine and rollout workers too,
+    at the checkpoint's policy version), optimizer, RNG, state, the generator's, controller's and
+    replay method's state, and the async batches it held (``trainer.queued``). A moved reference
+    model is loaded by ``load_reference`` once the reference exists."""
+    t = trainer
+    t.state = TrainState(**load_checkpoint(path, t.model, t.optimizer, t.scheduler))
+    t.engine.load_weights(t.model)
+    t.engine.version = t.state.step  # a token's version = optimizer steps before it was sampled
+    if t.pool is not None:
+        t.pool.load_weights(t.model)
+        t.pool.version = t.state.step
+        t.pool.load_generator_state(load_generator_state(path) or {})
+    else:
+        t.generator.load_state_dict(load_generator_state(path) or {})
+    control = load_control_state(path) or {}
+    t.controller.load_state_dict(control.get("controller", {}))
+    t.stats.load_state_dict(control.get("stats", {}))
+    t.queued = load_pipeline_state(path)
+    t.replay.load_state_dict(load_replay_state(path))
 
 
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state: dict, keep: int,
@@ -172,7 +215,7 @@ def load_generator_state(path: Path) -> dict | None:
 
 
 def load_pipeline_state(path: Path) -> list:
-    """The async batches a checkpoint holds (``Collected`` records, generated but not trained), or []."""
+    """The async batches a checkpoint holds (``ScoredBatch`` records, generated but not trained), or []."""
     file = path / "pipeline.pt"
     return torch.load(file, weights_only=False)["queued"] if file.exists() else []
 

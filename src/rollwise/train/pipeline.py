@@ -1,7 +1,7 @@
 """``train.mode: async``: generation runs ahead of the update, at most ``max_staleness`` versions behind.
 
-The producer/consumer boundary is a queue of ``Collected`` batches (scored ``RolloutGroup``s
-whose tokens carry the policy version that sampled them). The producer is a thread with its
+The producer/consumer boundary is a queue of ``ScoredBatch``es (``train/collect.py``: scored
+``RolloutGroup``s whose tokens carry the policy version that sampled them). The producer is a thread with its
 own copy of the policy and its own engine; it runs the trainer's ``collect`` (Generate →
 Filter → Control) for step after step. The consumer is the trainer: it takes batch ``s``,
 updates the policy, and publishes the new weights as version ``s + 1``. On Ray (``dist/``)
@@ -37,9 +37,10 @@ Source: AReaL ("AReaL: A Large-Scale Asynchronous Reinforcement Learning System 
 Reasoning", 2025), staleness-bounded admission and the decoupled PPO objective
 (``objective.method: decoupled_ppo``; with ``max_staleness >= 1`` every objective whose recipe
 sets no ``tis_mode`` gets its ``token_truncate`` weight on the behaviour/proximal gap —
-``sequence_mask``, the sync default, is a 0/1 filter that would train stale tokens at weight 1). Departures: admission is per batch (a step's groups), not per
-request; a batch is sampled entirely by one version (no weight update inside a batch), which
-makes staleness exactly ``k`` after warm-up rather than at most ``k``.
+``sequence_mask``, the sync default, is a 0/1 filter that would train stale tokens at weight 1).
+Departures: admission is per batch (a step's groups), not per request; a batch is sampled
+entirely by one version (no weight update inside a batch), which makes staleness exactly ``k``
+after warm-up rather than at most ``k``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,95 @@
+"""What ``Trainer.__init__`` and ``Trainer.prepare`` build from the config besides the stages:
+the LR schedule, the update's forward, async's thread count, the reference model — and the
+combinations they refuse."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rollwise.config import ConfigError
+from rollwise.model import lora
+from rollwise.model.packed import supports_packing
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def lr_lambda(cfg):
+    """The LR factor per training step (``optim.warmup_steps``, ``optim.schedule``, over ``train.steps``)."""
+    o, total = cfg.optim, max(cfg.train.steps, 1)
+
+    def factor(step: int) -> float:
+        if step < o.warmup_steps:
+            return (step + 1) / o.warmup_steps
+        if o.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - o.warmup_steps) / max(total - o.warmup_steps, 1))
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if o.schedule == "cosine" else 1 - progress
+        return o.min_lr_ratio + (1 - o.min_lr_ratio) * shape
+
+    return factor
+
+
+def packed_forward(choice: str, model) -> bool:
+    """Whether the update runs the packed forward (``optim.forward``)."""
+    if choice == "hf":
+        return False
+    if supports_packing(model):
+        return True
+    if choice == "packed":
+        raise ConfigError(f"optim.forward=packed runs Llama/Qwen2/Mistral models, not model_type "
+                          f"{model.config.model_type!r}; set optim.forward=auto or hf")
+    return False
+
+
+def async_threads(cfg) -> int:
+    """The torch thread count of ``train.mode=async`` (both sides: torch's count is process-wide)."""
+    t = cfg.train
+    gen = t.generation_threads or max(1, (os.cpu_count() or 2) // 2)
+    upd = t.update_threads or gen
+    if gen != upd:
+        raise ConfigError(f"train.generation_threads={gen} and train.update_threads={upd} differ: in one process "
+                          "torch's intra-op thread count is process-wide, so both sides run with one count; set them "
+                          "equal (on N cores, N/2 each)")
+    if t.max_staleness > 0 and cfg.objective.tis_mode == "none":
+        raise ConfigError(f"train.mode=async with max_staleness={t.max_staleness} trains on tokens sampled by older "
+                          "policies, but objective.tis_mode=none does not correct for it; set objective.tis_mode "
+                          "(e.g. token_truncate: objective.method=decoupled_ppo) or train.max_staleness=0")
+    if cfg.rollout.strategy == "april":
+        raise ConfigError("rollout.strategy=april with train.mode=async: APRIL carries partial rollouts into later "
+                          "steps, past the staleness bound; async already overlaps generation with the update — use "
+                          "rollout.strategy=group, tree or latr, or train.mode=sync")
+    return gen
+
+
+def check_workers(cfg, controller) -> None:
+    """``rollout.workers`` generate apart from the driver: refuse what needs the driver inside generation."""
+    if not cfg.rollout.workers:
+        return
+    if controller.prunes or controller.gates:
+        raise ConfigError(f"control.method={cfg.control.method} stops rollouts inside generation, on the "
+                          "driver's controller; rollout workers generate apart from it — set rollout.workers=0 "
+                          "or choose a controller that selects or allocates (`rollwise list controllers`)")
+    if cfg.rollout.strategy == "april":
+        raise ConfigError("rollout.strategy=april carries partial rollouts from step to step inside one engine; "
+                          "with rollout.workers use rollout.strategy=group, tree or latr (or rollout.workers=0)")
+
+
+def reference_model(cfg, model, init_dir: Path, device):
+    """The KL reference when the objective needs one (else None): under ``model.lora`` the policy
+    with its adapters off; otherwise a frozen copy of the RL starting point (``init_dir``)."""
+    if not cfg.objective.needs_reference:
+        return None
+    if cfg.model.lora is not None:  # the base, adapters off
+        return lora.AdapterDisabled(model)
+    ref = type(model).from_pretrained(init_dir, dtype=model.dtype)
+    return ref.to(device).eval()

@@ -1,0 +1,66 @@
+"""What a run has done and when it stops: ``TrainState`` (saved with every checkpoint as
+``state.json``) and ``RunLimits`` (what ``Trainer.fit(until=...)`` runs to)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint records besides tensors (``state.json``)."""
+
+    step: int = 0
+    cursor: int = 0  # index of the next training prompt
+    generated_tokens: int = 0
+    wall_seconds: float = 0.0  # RL wall time, summed over sessions of a resumed run
+    initial_accuracy: float | None = None
+    last_accuracy: float | None = None
+    reference_moved_at: int | None = None  # the step the reference model became the policy (ReMix), if any
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    """When ``Trainer.fit`` stops: the first limit reached (None = no limit of that kind)."""
+
+    steps: int | None = None
+    minutes: float | None = None  # RL wall time, summed over the sessions of a resumed run
+    generated_tokens: int | None = None  # tokens the engine sampled (equal-compute comparisons)
+
+    @classmethod
+    def from_config(cls, train) -> "RunLimits":
+        """The recipe's limits (``train.steps``, ``train.max_minutes``, ``train.max_generated_tokens``)."""
+        return cls(steps=train.steps, minutes=train.max_minutes, generated_tokens=train.max_generated_tokens)
+
+    def reached(self, state: TrainState) -> str | None:
+        """The name of the limit ``state`` has reached, or None."""
+        if self.steps is not None and state.step >= self.steps:
+            return f"steps={self.steps}"
+        if self.minutes is not None and state.wall_seconds > 60 * self.minutes:
+            return f"max_minutes={self.minutes}"
+        if self.generated_tokens is not None and state.generated_tokens >= self.generated_tokens:
+            return f"max_generated_tokens={self.generated_tokens:,}"
+        return None
+
+    def progress(self, state: TrainState) -> float:
+        """How far ``state`` is towards stopping: the largest used/limit over the limits set (0 if none)."""
+        used = [state.step / self.steps if self.steps else 0.0,
+                state.wall_seconds / (60 * self.minutes) if self.minutes else 0.0,
+                state.generated_tokens / self.generated_tokens if self.generated_tokens else 0.0]
+        return max(used)
+
+
+def run_summary(state: TrainState, cfg, task_name: str) -> dict:
+    """``summary.json``: the run's outcome and what it was (``cfg``: its ``RunConfig``)."""
+    out = {
+        "initial_accuracy": state.initial_accuracy, "final_accuracy": state.last_accuracy, "steps": state.step,
+        "wall_seconds": round(state.wall_seconds, 2), "generated_tokens": state.generated_tokens, "seed": cfg.seed,
+        "task": task_name, "method": cfg.objective.method,
+    }
+    if cfg.control.method != "none":
+        out["control"] = cfg.control.method
+    if cfg.replay.method != "none":
+        out["replay"] = cfg.replay.method
+    if cfg.train.mode == "async":
+        out |= {"mode": "async", "max_staleness": cfg.train.max_staleness}
+    return out

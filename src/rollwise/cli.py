@@ -291,7 +291,7 @@ def bench_ablate(json_path: JsonOpt = None, set_: SetOpt = None):
 @friendly_errors
 def bench_dist(json_path: JsonOpt = None, set_: SetOpt = None):
     """Rollout throughput with 1 and 2 Ray workers vs the in-process engine; weight-sync time per version."""
-    from rollwise.bench.scaleout import run_dist_bench
+    from rollwise.bench.dist import run_dist_bench
 
     _report(run_dist_bench(overrides=set_ or [], console=console), json_path)
 

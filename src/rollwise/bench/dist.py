@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 from pydantic import Field
-from rich.table import Table
 
-from rollwise.bench.engine import _quiet_transformers
-from rollwise.config import StrictModel, apply_overrides, validate
+from rollwise.bench.harness import load_settings, session, table, warm_start
+from rollwise.config import StrictModel
 
 ARMS = ("in_process", "in_process_all", "workers1", "workers2")
 
@@ -50,82 +48,49 @@ class DistBenchConfig(StrictModel):
 
 
 def run_dist_bench(overrides: list[str], console) -> dict:
-    cfg = validate(DistBenchConfig, apply_overrides({}, list(overrides)))
+    cfg = load_settings(DistBenchConfig, overrides)
     from rollwise.dist import connect
 
     connect()
-    threads = torch.get_num_threads()
-    try:
-        with _quiet_transformers(), tempfile.TemporaryDirectory() as tmp:
-            out = {"settings": cfg.model_dump(), "cores": os.cpu_count(), "throughput": throughput(cfg, Path(tmp),
-                                                                                                  console)}
-            out["weight_sync"] = [weight_sync(cfg, preset, Path(tmp), console) for preset in cfg.sync_presets]
-    finally:
-        torch.set_num_threads(threads)
+    with session() as tmp:
+        out = {"settings": cfg.model_dump(), "cores": os.cpu_count(), "throughput": throughput(cfg, tmp, console)}
+        out["weight_sync"] = [weight_sync(cfg, preset, tmp, console) for preset in cfg.sync_presets]
     _print(console, out)
     return out
 
 
+def _sets(cfg: DistBenchConfig) -> list[str]:
+    """The task and rollout lines of every run here (the demo's arith, ``group`` sampling)."""
+    return ["task.name=arith", f"task.max_digits={cfg.max_digits}", "task.eval_size=8",
+            f"rollout.max_new_tokens={cfg.max_new_tokens}", "rollout.strategy=group",
+            f"rollout.num_generations={cfg.num_generations}", f"rollout.prompts_per_step={cfg.prompts_per_step}"]
+
+
 def _trainer(cfg: DistBenchConfig, tmp: Path, name: str, *extra: str):
+    """A trainer that takes no step: its engine, generator and pool are what the arms time."""
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
 
-    return Trainer(load_run_config(None, [
-        f"output_dir={tmp}", f"name={name}", "task.name=arith", f"task.max_digits={cfg.max_digits}",
-        "task.eval_size=8", f"rollout.max_new_tokens={cfg.max_new_tokens}", "rollout.strategy=group",
-        f"rollout.num_generations={cfg.num_generations}", f"rollout.prompts_per_step={cfg.prompts_per_step}",
-        "train.steps=0", *extra]))
+    return Trainer(load_run_config(None, [f"output_dir={tmp}", f"name={name}", *_sets(cfg), "train.steps=0", *extra]))
 
 
 def throughput(cfg: DistBenchConfig, tmp: Path, console) -> dict:
-    from rollwise.dist import WorkerPool
-    from rollwise.filter.rewards import score_groups
-
-    with console.status(f"SFT warm start ({cfg.sft_steps} steps)"):
-        with _trainer(cfg, tmp, "warm", f"sft.steps={cfg.sft_steps}", "model.threads=1") as t:
-            t.prepare()
-    warm = t.run_dir / "init_model"
+    """Every arm samples and scores the same batches with the same seeds (so the same tokens)."""
+    warm = warm_start(tmp, "warm", [*_sets(cfg), f"sft.steps={cfg.sft_steps}", "model.threads=1"], console)
     trainer = _trainer(cfg, tmp, "bench", f"model.path={warm}", "model.threads=1")
     trainer.prepare()
     prompts = trainer.prompt_source().fresh(cfg.prompts_per_step * cfg.rounds)  # tokenized
     batches = [prompts[i * cfg.prompts_per_step:(i + 1) * cfg.prompts_per_step] for i in range(cfg.rounds)]
-    budgets = [cfg.num_generations] * cfg.prompts_per_step
-
-    def in_process(n_threads: int) -> dict:
-        torch.set_num_threads(n_threads)
-        tokens, start = 0, time.perf_counter()
-        for i, batch in enumerate(batches):
-            before = trainer.engine.stats.decode_tokens
-            groups, _ = trainer.generator.generate(trainer.engine, batch, budgets, seed=1000 + i)
-            score_groups(groups, trainer.reward_fns)
-            tokens += trainer.engine.stats.decode_tokens - before
-        torch.set_num_threads(1)
-        return {"tokens": tokens, "seconds": time.perf_counter() - start}
-
-    def pooled(n: int) -> dict:
-        run_cfg = trainer.cfg.model_copy(update={"rollout": trainer.cfg.rollout.model_copy(update={"workers": n})})
-        pool = WorkerPool(run_cfg, trainer.model)
-        try:
-            pool.generate(batches[0][:n], [1] * n, seed=0)  # every actor's start-up and first weight load: not timed
-            tokens, start = 0, time.perf_counter()
-            for i, batch in enumerate(batches):
-                before = pool.stats.decode_tokens
-                pool.generate(batch, budgets, seed=1000 + i)
-                tokens += pool.stats.decode_tokens - before
-            return {"tokens": tokens, "seconds": time.perf_counter() - start}
-        finally:
-            pool.close()
-
     runs = {}
     with console.status("in-process, 1 thread"):
-        first = in_process(1)
+        first = _in_process(trainer, batches, cfg.num_generations, 1)
     with console.status(f"in-process, {os.cpu_count()} threads"):
-        runs["in_process_all"] = in_process(os.cpu_count() or 1)
+        runs["in_process_all"] = _in_process(trainer, batches, cfg.num_generations, os.cpu_count() or 1)
     for n in (1, 2):
         with console.status(f"{n} rollout worker(s)"):
-            runs[f"workers{n}"] = pooled(n)
+            runs[f"workers{n}"] = _pooled(trainer, batches, cfg.num_generations, n)
     with console.status("in-process, 1 thread (again)"):
-        last = in_process(1)
+        last = _in_process(trainer, batches, cfg.num_generations, 1)
     trainer.close()
     runs["in_process"] = {"tokens": first["tokens"], "seconds": (first["seconds"] + last["seconds"]) / 2,
                           "first_seconds": first["seconds"], "last_seconds": last["seconds"]}
@@ -138,9 +103,41 @@ def throughput(cfg: DistBenchConfig, tmp: Path, console) -> dict:
     return runs
 
 
-def weight_sync(cfg: DistBenchConfig, preset: str, tmp: Path, console) -> dict:
+def _in_process(trainer, batches: list[list], group: int, threads: int) -> dict:
+    """The trainer's own engine and reward functions at ``threads`` torch threads (then back to 1)."""
+    from rollwise.filter.rewards import score_groups
+
+    torch.set_num_threads(threads)
+    tokens, start = 0, time.perf_counter()
+    for i, batch in enumerate(batches):
+        before = trainer.engine.stats.decode_tokens
+        groups, _ = trainer.generator.generate(trainer.engine, batch, [group] * len(batch), seed=1000 + i)
+        score_groups(groups, trainer.reward_fns)
+        tokens += trainer.engine.stats.decode_tokens - before
+    torch.set_num_threads(1)
+    return {"tokens": tokens, "seconds": time.perf_counter() - start}
+
+
+def _pooled(trainer, batches: list[list], group: int, n: int) -> dict:
+    """``n`` Ray rollout workers sampling and scoring the batches (their start-up not timed)."""
     from rollwise.dist import WorkerPool
 
+    run_cfg = trainer.cfg.model_copy(update={"rollout": trainer.cfg.rollout.model_copy(update={"workers": n})})
+    pool = WorkerPool(run_cfg, trainer.model)
+    try:
+        pool.generate(batches[0][:n], [1] * n, seed=0)  # every actor's start-up and first weight load: not timed
+        tokens, start = 0, time.perf_counter()
+        for i, batch in enumerate(batches):
+            before = pool.stats.decode_tokens
+            pool.generate(batch, [group] * len(batch), seed=1000 + i)
+            tokens += pool.stats.decode_tokens - before
+        return {"tokens": tokens, "seconds": time.perf_counter() - start}
+    finally:
+        pool.close()
+
+
+def weight_sync(cfg: DistBenchConfig, preset: str, tmp: Path, console) -> dict:
+    """A 2-worker pool takes ``syncs`` new versions of ``preset``'s weights: the put, the slowest load."""
     with console.status(f"weight sync, {preset}"):
         with _trainer(cfg, tmp, f"sync_{preset}", f"model.preset={preset}", "sft.steps=0", "model.threads=1",
                       "rollout.workers=2") as t:
@@ -164,20 +161,14 @@ def weight_sync(cfg: DistBenchConfig, preset: str, tmp: Path, console) -> dict:
 
 
 def _print(console, out: dict) -> None:
-    t = Table(title=f"rollout throughput (sample + score), {out['cores']} cores; same tokens in every arm: "
-                    f"{out['throughput']['same_tokens']}")
-    for col in ("arm", "tokens", "seconds", "tokens/s", "vs in-process (1 thread)"):
-        t.add_column(col)
-    for arm in ARMS:
-        r = out["throughput"][arm]
-        t.add_row(arm, str(r["tokens"]), f"{r['seconds']:.2f}", f"{r['tokens_per_second']:.0f}", f"{r['ratio']:.2f}x")
-    console.print(t)
-    ip = out["throughput"]["in_process"]
+    t = out["throughput"]
+    console.print(table(f"rollout throughput (sample + score), {out['cores']} cores; same tokens in every arm: "
+                        f"{t['same_tokens']}", ("arm", "tokens", "seconds", "tokens/s", "vs in-process (1 thread)"),
+                        [[arm, str(t[arm]["tokens"]), f"{t[arm]['seconds']:.2f}", f"{t[arm]['tokens_per_second']:.0f}",
+                          f"{t[arm]['ratio']:.2f}x"] for arm in ARMS]))
+    ip = t["in_process"]
     console.print(f"in-process drift: first {ip['first_seconds']:.2f} s, last {ip['last_seconds']:.2f} s")
-    s = Table(title="weight sync per version (2 workers)")
-    for col in ("preset", "MB", "put (driver)", "load (slowest worker)", "per step"):
-        s.add_column(col)
-    for w in out["weight_sync"]:
-        s.add_row(w["preset"], f"{w['megabytes']:.1f}", f"{w['put_s'] * 1000:.1f} ms", f"{w['load_s'] * 1000:.1f} ms",
-                  f"{w['sync_s'] * 1000:.1f} ms")
-    console.print(s)
+    console.print(table("weight sync per version (2 workers)",
+                        ("preset", "MB", "put (driver)", "load (slowest worker)", "per step"),
+                        [[w["preset"], f"{w['megabytes']:.1f}", f"{w['put_s'] * 1000:.1f} ms",
+                          f"{w['load_s'] * 1000:.1f} ms", f"{w['sync_s'] * 1000:.1f} ms"] for w in out["weight_sync"]]))

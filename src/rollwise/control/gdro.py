@@ -33,7 +33,7 @@ Departures from the paper:
 - Four fixed bins (the paper sweeps up to 10, with hysteresis), plus a fifth for prompts never
   rolled out (their pass@8 is unknown); it takes part in the bandit like the others.
 - Candidates: the seen prompts (up to ``pool_size``) plus ``fresh_per_step`` stream prompts
-  per step (default: as many as the step selects).
+  per step (default: as many as the step selects), as VADE's (``control/pool.py``).
 - Rollout-GDRO's shadow-price controller is replaced by its fixed point, the square-root
   rule at a fixed mean budget.
 """
@@ -48,6 +48,7 @@ from pydantic import Field
 
 from rollwise.config import StrictModel
 from rollwise.control.base import Controller, PromptCursor, proportional_split
+from rollwise.control.pool import FreshPerStep, PoolSize, candidates
 from rollwise.control.stats import PromptRecord, PromptStats
 from rollwise.types import Prompt, RolloutGroup
 
@@ -62,8 +63,8 @@ class GdroConfig(StrictModel):
     uniform_mix: float = Field(0.1, ge=0, le=1, description="share of uniform in the bin distribution")
     min_rollouts: int = Field(2, ge=1, description="Rollout-GDRO: fewest rollouts a prompt gets")
     k: int = Field(8, ge=1, description="bins use the unbiased pass@k estimate")
-    fresh_per_step: int | None = Field(None, ge=0, description="new stream prompts among each step's candidates")
-    pool_size: int = Field(1024, ge=1, description="seen prompts kept as candidates")
+    fresh_per_step: FreshPerStep = None
+    pool_size: PoolSize = 1024
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -110,7 +111,8 @@ def loss_at_stake(rewards: list[float], clip: float = 0.2) -> float:
     """
     adv = grpo_advantages([float(r) for r in rewards])
     best = [1 + clip if a > 0 else 1 - clip if a < 0 else 1.0 for a in adv]
-    return (clipped_surrogate_loss(adv, [1.0] * len(adv), clip, clip) - clipped_surrogate_loss(adv, best, clip, clip)) / clip
+    at_one = clipped_surrogate_loss(adv, [1.0] * len(adv), clip, clip)
+    return (at_one - clipped_surrogate_loss(adv, best, clip, clip)) / clip
 
 
 def difficulty_bin(rec: PromptRecord, k: int = 8) -> int:
@@ -143,20 +145,19 @@ def sqrt_allocation(pass_rates: list[float], budget: int, minimum: int = 2) -> l
 
 class Gdro(Controller):
     name = "gdro"
-    tracks_pool = True
 
     def __init__(self, cfg: GdroConfig, **kw) -> None:
         super().__init__(**kw)
         self.cfg = cfg
         self.scores = np.zeros(len(BINS))  # EMA of each bin's mean loss, not bias-corrected
-        self.updates = np.zeros(len(BINS))  # EMA updates per bin (for the bias correction)
+        self.observed_steps = np.zeros(len(BINS))  # steps that updated each bin's EMA (for the bias correction)
         self._last: dict[str, float] = {}
 
     def corrected_scores(self) -> np.ndarray:
         """S_b: the bias-corrected EMAs (0 for a bin never observed)."""
-        seen = self.updates > 0
+        seen = self.observed_steps > 0
         out = np.zeros(len(BINS))
-        out[seen] = self.scores[seen] / (1 - self.cfg.ema ** self.updates[seen])
+        out[seen] = self.scores[seen] / (1 - self.cfg.ema ** self.observed_steps[seen])
         return out
 
     def bin_probabilities(self) -> np.ndarray:
@@ -167,24 +168,15 @@ class Gdro(Controller):
     def select_prompts(self, source: PromptCursor, stats: PromptStats, n: int) -> list[Prompt]:
         if self.cfg.mode == "rollout":
             return source.fresh(n, stats)
-        stats.forget(self.cfg.pool_size)
-        seen = sum(rec.index >= 0 for rec in stats.records.values())
-        want = n if self.cfg.fresh_per_step is None else self.cfg.fresh_per_step
-        fresh = source.fresh(max(want, n - seen), stats)  # never fewer candidates than picks
-        fresh_ids = {p.id for p in fresh}
-        items: list = list(fresh)  # Prompts (fresh) or stream indices (seen)
-        bins = [difficulty_bin(stats.get(p.id), self.cfg.k) for p in fresh]
-        for pid, rec in stats.records.items():
-            if pid not in fresh_ids and rec.index >= 0:
-                items.append(rec.index)
-                bins.append(difficulty_bin(rec, self.cfg.k))
+        cands = candidates(source, stats, n, self.cfg.fresh_per_step, self.cfg.pool_size)
+        bins = [difficulty_bin(rec, self.cfg.k) for rec in cands.records(stats)]
         q = self.bin_probabilities()
         # each candidate ∝ q of its bin: bin b drawn ∝ (its candidates) x q_b, the resampling
         # equivalent of the paper's per-bin advantage weights
         p = q[bins] / q[bins].sum()
-        count = min(n, len(items))
-        order = self.rng().choice(len(items), size=count, replace=False, p=p).tolist() if count else []
-        picked = [items[i] if isinstance(items[i], Prompt) else source.revisit(items[i], stats) for i in order]
+        count = min(n, len(cands))
+        order = self.rng().choice(len(cands), size=count, replace=False, p=p).tolist() if count else []
+        picked = cands.prompts(order, source, stats)
         self._last = {f"control/bin_weight/{b}": float(x) for b, x in zip(BINS, q)}
         self._last |= {f"control/bin_drawn/{b}": float(sum(bins[i] == j for i in order)) for j, b in enumerate(BINS)}
         return picked
@@ -202,7 +194,7 @@ class Gdro(Controller):
         for b, ls in enumerate(losses):
             if ls:
                 self.scores[b] = self.cfg.ema * self.scores[b] + (1 - self.cfg.ema) * float(np.mean(ls))
-                self.updates[b] += 1
+                self.observed_steps[b] += 1
         self._last |= {f"control/bin_score/{b}": float(x) for b, x in zip(BINS, self.corrected_scores())}
 
     # Rollout-GDRO --------------------------------------------------------------------------
@@ -223,11 +215,11 @@ class Gdro(Controller):
         return self._last
 
     def state_dict(self) -> dict:
-        return {"scores": self.scores.tolist(), "updates": self.updates.tolist()}
+        return {"scores": self.scores.tolist(), "updates": self.observed_steps.tolist()}  # "updates": checkpoints' key
 
     def load_state_dict(self, state: dict) -> None:
         if "scores" not in state:
             raise ValueError("gdro: this checkpoint holds the bandit state of the old update (log_weights, hardness), "
                              "which the paper's EMA-debiased update does not continue; start the run again")
         self.scores = np.array(state["scores"], dtype=float)
-        self.updates = np.array(state["updates"], dtype=float)
+        self.observed_steps = np.array(state["updates"], dtype=float)

@@ -13,9 +13,10 @@ per-visit decay ×``visit_decay`` (.7); every step all posteriors relax toward t
 (α, β) ← 1 + ``step_decay`` ((α, β) − 1) with ``step_decay`` = .99, so the estimates follow the
 moving policy (the paper's two-scale decay).
 
-Candidates: ``fresh_per_step`` (default: ``n``) new prompts from the stream, plus every prompt
-already drawn (kept up to ``pool_size``, the least recently seen forgotten first). A fresh
-prompt has the uniform prior and scores 1 − 2/(G+1) in expectation.
+Candidates (``control/pool.py``, shared with GDRO): ``fresh_per_step`` (default: ``n``) new
+prompts from the stream, plus every prompt already drawn (kept up to ``pool_size``, the least
+recently seen forgotten first). A fresh prompt has the uniform prior and scores 1 − 2/(G+1) in
+expectation.
 
 Departures from the paper:
 - The candidate set is the seen pool plus fresh stream prompts (the paper scores the whole
@@ -30,6 +31,7 @@ from pydantic import Field
 
 from rollwise.config import StrictModel
 from rollwise.control.base import Controller, PromptCursor
+from rollwise.control.pool import FreshPerStep, PoolSize, candidates
 from rollwise.control.stats import PromptStats
 from rollwise.types import Prompt
 
@@ -38,9 +40,8 @@ class VadeConfig(StrictModel):
     visit_decay: float = Field(0.7, gt=0, le=1, description="(alpha, beta) are multiplied by this before each update")
     step_decay: float = Field(0.99, gt=0, le=1,
                               description="per step, (alpha, beta) <- 1 + step_decay * ((alpha, beta) - 1)")
-    fresh_per_step: int | None = Field(None, ge=0, description="new stream prompts among each step's candidates "
-                                       "(null = as many as the step selects)")
-    pool_size: int = Field(1024, ge=1, description="seen prompts kept as candidates (least recently seen forgotten)")
+    fresh_per_step: FreshPerStep = None
+    pool_size: PoolSize = 1024
 
 
 def vade_scores(alpha: np.ndarray, beta: np.ndarray, g: int, rng: np.random.Generator) -> np.ndarray:
@@ -51,7 +52,6 @@ def vade_scores(alpha: np.ndarray, beta: np.ndarray, g: int, rng: np.random.Gene
 
 class Vade(Controller):
     name = "vade"
-    tracks_pool = True
 
     def __init__(self, cfg: VadeConfig, **kw) -> None:
         super().__init__(**kw)
@@ -61,22 +61,15 @@ class Vade(Controller):
     def select_prompts(self, source: PromptCursor, stats: PromptStats, n: int) -> list[Prompt]:
         stats.visit_decay = self.cfg.visit_decay
         stats.decay_toward_prior(self.cfg.step_decay)
-        stats.forget(self.cfg.pool_size)
-        pool = [pid for pid, rec in stats.records.items() if rec.index >= 0]
-        want = n if self.cfg.fresh_per_step is None else self.cfg.fresh_per_step
-        fresh = source.fresh(max(want, n - len(pool)), stats)  # never fewer candidates than picks
-        fresh_ids = {p.id for p in fresh}
-        pool = [pid for pid in pool if pid not in fresh_ids]
-        ids = [p.id for p in fresh] + pool
-        recs = [stats.get(pid) for pid in ids]
+        cands = candidates(source, stats, n, self.cfg.fresh_per_step, self.cfg.pool_size)
+        recs = cands.records(stats)
         scores = vade_scores(np.array([r.alpha for r in recs]), np.array([r.beta for r in recs]),
                              self.num_generations, self.rng())
         top = np.argsort(-scores, kind="stable")[:n]
-        by_id = {p.id: p for p in fresh}
-        picked = [by_id.get(ids[i]) or source.revisit(recs[i].index, stats) for i in top]
-        self._last = {"control/picked_fresh": sum(ids[i] in fresh_ids for i in top) / max(len(top), 1),
+        picked = cands.prompts(top, source, stats)
+        self._last = {"control/picked_fresh": sum(i < len(cands.fresh) for i in top) / max(len(top), 1),
                       "control/picked_pass_rate": float(np.mean([recs[i].pass_rate for i in top])) if len(top) else 0.0,
-                      "control/pool": float(len(ids))}
+                      "control/pool": float(len(cands))}
         return picked
 
     def metrics(self) -> dict[str, float]:

@@ -33,8 +33,8 @@ def samplers(tiny):
         pool = WorkerPool(load_run_config(None, ["rollout.workers=2"]), model)
     finally:
         mp.undo()
-    return {"v1": Engine(model, pad_token_id=tok.pad_token_id), "slots": SlotEngine(model, pad_token_id=tok.pad_token_id),
-            "pool": pool}
+    return {"v1": Engine(model, pad_token_id=tok.pad_token_id),
+            "slots": SlotEngine(model, pad_token_id=tok.pad_token_id), "pool": pool}
 
 
 KEEPS = {  # sampler -> (the contracts it keeps, those it does not)

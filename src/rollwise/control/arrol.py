@@ -155,7 +155,8 @@ class Arrol(Controller):
 
     def metrics(self) -> dict[str, float]:
         kept, self._kept = self._kept, []
-        out = {"control/probe_auc": self.held_out_auc, "control/probe_examples": float(0 if self.y is None else len(self.y))}
+        out = {"control/probe_auc": self.held_out_auc,
+               "control/probe_examples": float(0 if self.y is None else len(self.y))}
         if kept:
             out["control/kept_p_mean"] = sum(kept) / len(kept)
         return out

@@ -13,8 +13,9 @@ One entry per prompt id that has been drawn (``register``) or rolled out (``obse
     group_std   population std of the rewards of the prompt's latest group
 
 A long run on an endless prompt stream keeps at most 1.25 × ``capacity`` prompts (the least
-recently seen are forgotten first). The store is plain numbers in a dict, so ``state_dict()`` goes into a checkpoint as it is
-(``controller.pt``) and ``load_state_dict`` restores it: a resumed run sees the same numbers.
+recently seen are forgotten first). The store is plain numbers in a dict, so ``state_dict()``
+goes into a checkpoint as it is (``controller.pt``) and ``load_state_dict`` restores it: a
+resumed run sees the same numbers.
 """
 
 from __future__ import annotations

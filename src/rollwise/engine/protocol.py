@@ -60,7 +60,8 @@ class PolicySampler(Protocol):
     stats: SampledTokens
 
     def load_weights(self, source) -> int:
-        """Take the updated policy (a model, whose parameters may be shared, or a state dict); return the new version."""
+        """Take the updated policy (a model whose parameters may be shared, or a state dict); return
+        the new version."""
         ...
 
 

@@ -2,7 +2,8 @@
 
 The v1 ``Engine``'s contract plus branching (``engine/protocol.py``, ``BranchingEngine``):
 ``submit``, ``step``, ``run_until``, ``generate``, ``load_weights``, ``stats``, ``version``; plus
-``peek``, ``fork``, ``pause``, ``resume``, ``abort`` and ``keep_prefixes``. It sees token ids and sampling settings, never tasks or rewards.
+``peek``, ``fork``, ``pause``, ``resume``, ``abort`` and ``keep_prefixes``. It sees token ids and
+sampling settings, never tasks or rewards.
 
 How it works:
 

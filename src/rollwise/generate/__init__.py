@@ -43,8 +43,8 @@ def build_generator(rollout, params, decode, pruner=None, gate=None, gate_every:
 
     if gate is not None and (pruner is not None or rollout.strategy != "group"):
         raise ConfigError(f"a controller that stops rollouts during generation (should_continue) works with "
-                          f"rollout.strategy=group, not {rollout.strategy}" + (" or a pruning controller" if pruner else "")
-                          + "; set rollout.strategy=group")
+                          f"rollout.strategy=group, not {rollout.strategy}"
+                          + (" or a pruning controller" if pruner else "") + "; set rollout.strategy=group")
     if pruner is not None:
         sampler = PrunedSampler(params, decode, pruner, pruner.over_provision, pruner.segment_len)
         pruner.features = sampler.features

@@ -161,7 +161,6 @@ def _state_to_dict(p: PartialState) -> dict:
 
 
 def _state_from_dict(d: dict) -> PartialState:
-    params = d["params"]
-    return PartialState(**{**d, "params": SamplingParams(**{**params, "stop_token_ids": tuple(params["stop_token_ids"])}),
-                           "generator_state": torch.as_tensor(d["generator_state"])})
+    params = SamplingParams(**{**d["params"], "stop_token_ids": tuple(d["params"]["stop_token_ids"])})
+    return PartialState(**{**d, "params": params, "generator_state": torch.as_tensor(d["generator_state"])})
 

@@ -50,7 +50,8 @@ class Leaf:
 class Forest:
     """Live branches of many prompts' trees on one engine; leaves collected as they finish."""
 
-    def __init__(self, engine: BranchingEngine, prompts: list[Prompt], budgets: list[int], params: SamplingParams, seed: int):
+    def __init__(self, engine: BranchingEngine, prompts: list[Prompt], budgets: list[int], params: SamplingParams,
+                 seed: int):
         if not hasattr(engine, "fork"):
             raise ConfigError("tree-shaped rollout strategies need the slot engine (fork); set rollout.engine=slots "
                              "(Llama/Qwen2/Mistral models) or use rollout.strategy=group")

@@ -265,3 +265,18 @@ def test_the_readme_lists_every_method_id():
     missing += [f"objective.method: {i}" for i in PRESETS
                 if not any(row.startswith(f"| `{i}` |") or f"`objective.method: {i}`" in row for row in rows)]
     assert missing == []
+
+
+PATH_MENTION = re.compile(r"(?<![\w/.-])((?:src/rollwise/|tests/|scripts/|recipes/|[a-z_]+/)[\w/]*\.(?:py|yaml))\b")
+
+
+def test_every_source_path_the_docs_name_exists():
+    """`control/base.py`, `tests/test_loop.py`, `recipes/demo.yaml`: a file renamed in the code is renamed
+    in the docs (package-relative paths are read under src/rollwise/)."""
+    missing = []
+    for path in PAGES:
+        for i, line in enumerate(path.read_text().splitlines()):
+            for name in PATH_MENTION.findall(line):
+                if not any((base / name).exists() for base in (ROOT, ROOT / "src" / "rollwise")):
+                    missing.append(f"{path.name}:{i + 1}: {name}")
+    assert missing == []

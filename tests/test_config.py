@@ -57,3 +57,21 @@ def test_missing_recipe_file(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_run_config(str(tmp_path / "nope.yaml"))
     assert "nope.yaml" in str(err.value)
+
+
+def test_cross_section_fills_fill_only_what_the_recipe_leaves_unset():
+    """train/config.py's FILLS: ReMix's KL terms, the stale-token correction, DAPO's dynamic sampling."""
+    from rollwise.train.config import FILLS
+
+    assert [f.apply.__name__ for f in FILLS] == ["_fill_remix", "_fill_stale_token_correction",
+                                                 "_fill_preset_sections"]
+    cfg = load_run_config(None, ["objective.method=dapo", "replay.method=remix"])
+    assert cfg.control.method == "dynamic_sampling"
+    assert cfg.objective.beta == cfg.objective.prox_kl_coef == cfg.replay.remix.beta / 2
+    assert cfg.objective.tis_mode == "token_truncate"  # remix serves stored groups: stale tokens
+    cfg = load_run_config(None, ["objective.method=dapo", "replay.method=remix", "control.method=none",
+                                 "objective.beta=0.0", "objective.tis_mode=token_mask"])
+    assert (cfg.control.method, cfg.objective.beta, cfg.objective.tis_mode) == ("none", 0.0, "token_mask")
+    assert cfg.objective.prox_kl_coef == cfg.replay.remix.beta / 2  # the key left unset is still filled
+    cfg = load_run_config(None, [])
+    assert (cfg.control.method, cfg.objective.beta, cfg.objective.tis_mode) == ("none", 0.0, "sequence_mask")

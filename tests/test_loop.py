@@ -19,8 +19,10 @@ from rollwise.generate import STRATEGIES, Generator
 from rollwise.optim.batch import build_batch
 from rollwise.optim.objective import ObjectiveConfig, assign_advantages
 from rollwise.optim.update import UpdateSpec, policy_update, rows_with_signal
+from rollwise.train.build import lr_lambda
 from rollwise.train.config import load_run_config
-from rollwise.train.loop import Trainer, Until, lr_lambda
+from rollwise.train.loop import Trainer
+from rollwise.train.state import RunLimits
 from rollwise.types import Prompt, Rollout, RolloutGroup
 
 FAST = [
@@ -161,11 +163,11 @@ def test_fit_stops_at_each_limit(tmp_path):
         summary = t.fit()
         assert (t.stopped_by, summary["steps"]) == ("steps=3", 3)
     with trainer_for(tmp_path, "name=tokens", "train.steps=100", "sft.steps=0") as t:
-        summary = t.fit(Until(generated_tokens=1))  # the first step samples more than one token
+        summary = t.fit(RunLimits(generated_tokens=1))  # the first step samples more than one token
         assert (t.stopped_by, summary["steps"]) == ("max_generated_tokens=1", 1)
         assert summary["generated_tokens"] > 1
     with trainer_for(tmp_path, "name=minutes", "train.steps=100", "sft.steps=0") as t:
-        summary = t.fit(Until(minutes=1e-9))
+        summary = t.fit(RunLimits(minutes=1e-9))
         assert summary["steps"] == 1 and t.stopped_by.startswith("max_minutes")
         assert summary["final_accuracy"] is not None  # the last step is evaluated
 

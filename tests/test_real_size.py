@@ -21,7 +21,8 @@ from rollwise.engine.sampling import SamplingParams
 from rollwise.engine.slots import SlotEngine
 
 from rollwise.train.config import load_run_config
-from rollwise.train.loop import Trainer, Until
+from rollwise.train.loop import Trainer
+from rollwise.train.state import RunLimits
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +122,7 @@ def test_qwen2_chat_model_trains_checkpoints_once_and_resumes(tmp_path, qwen2_di
 
     with Trainer(_config(tmp_path, qwen2_dir, "cut", "train.steps=2")) as cut:
         cut.prepare()
-        cut.fit(Until(steps=1))
+        cut.fit(RunLimits(steps=1))
     with Trainer(_config(tmp_path, qwen2_dir, "cut", "train.steps=2")) as resumed:
         resumed.prepare(resume=True)
         assert resumed.model.lm_head.weight is resumed.model.model.embed_tokens.weight  # still tied

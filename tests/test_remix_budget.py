@@ -2,7 +2,7 @@
 
 Before: the reincarnation step was ⌊reincarnate_at · train.steps⌋, fixed when the trainer was
 built, so a run stopped by a token budget (``train.max_generated_tokens``, or
-``fit(Until(generated_tokens=...))`` as the benchmarks call it) or by ``max_minutes`` with the
+``fit(RunLimits(generated_tokens=...))`` as the benchmarks call it) or by ``max_minutes`` with the
 default ``train.steps: 100`` ended long before step 50 and never reincarnated: the whole run
 stayed off-policy at UTD 2. Now the loop reports progress — the largest used/limit over the
 limits that stop the run — before every step.
@@ -12,16 +12,17 @@ import pytest
 
 from rollwise.replay import ReplayConfig, build_replay
 from rollwise.train.config import load_run_config
-from rollwise.train.loop import Trainer, TrainState, Until
+from rollwise.train.loop import Trainer
+from rollwise.train.state import RunLimits, TrainState
 
 
 def test_progress_is_the_largest_share_of_any_limit():
     state = TrainState(step=2, generated_tokens=600, wall_seconds=30.0)
-    assert Until(steps=10, generated_tokens=1000).progress(state) == pytest.approx(0.6)
-    assert Until(steps=3, generated_tokens=1000).progress(state) == pytest.approx(2 / 3)  # steps lead here
-    assert Until(steps=10, minutes=0.75).progress(state) == pytest.approx(30 / 45)
-    assert Until(generated_tokens=600).progress(state) == pytest.approx(1.0)
-    assert Until().progress(state) == 0.0
+    assert RunLimits(steps=10, generated_tokens=1000).progress(state) == pytest.approx(0.6)
+    assert RunLimits(steps=3, generated_tokens=1000).progress(state) == pytest.approx(2 / 3)  # steps lead here
+    assert RunLimits(steps=10, minutes=0.75).progress(state) == pytest.approx(30 / 45)
+    assert RunLimits(generated_tokens=600).progress(state) == pytest.approx(1.0)
+    assert RunLimits().progress(state) == 0.0
 
 
 def remix(**options):
@@ -67,7 +68,7 @@ def test_a_token_budget_run_reincarnates_half_way_through_its_tokens(tmp_path):
     steps = []
     with Trainer(cfg) as t:
         t.prepare()
-        t.fit(Until(generated_tokens=budget), on_step=lambda s, m: steps.append(m))
+        t.fit(RunLimits(generated_tokens=budget), on_step=lambda s, m: steps.append(m))
         assert t.stopped_by.startswith("max_generated_tokens") and t.state.step < 50  # stopped by tokens
         totals = [0.0] + [m["tokens/total"] for m in steps]  # tokens used before each step
         expected = next(s for s, used in enumerate(totals) if used / budget >= 0.5)

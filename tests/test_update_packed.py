@@ -18,7 +18,7 @@ from rollwise.model import packed as packed_module
 from rollwise.optim.batch import build_batch
 from rollwise.optim.objective import ObjectiveConfig, assign_advantages
 from rollwise.optim.update import UpdateSpec, policy_update
-from rollwise.train.loop import packed_forward
+from rollwise.train.build import packed_forward
 
 CASES = {
     "grpo": ({"method": "grpo"}, {}),

@@ -82,6 +82,12 @@ PRESETS: dict[str, dict] = {
     "decoupled_ppo": {"scale_rewards": "group", "loss_agg": "token_mean", "tis_mode": "token_truncate", "tis_cap": 2.0},
 }
 PRESETS["sapo_gate"] = PRESETS["sapo"]  # the catalogue's id for the same preset
+# a preset that is a whole method fills other sections too, where the recipe leaves them unset
+# (applied by rollwise.train.config with the other cross-section defaults)
+PRESET_SECTIONS: dict[str, dict[str, dict]] = {"dapo": {"control": {"method": "dynamic_sampling"}}}
+# the correction a run that trains tokens sampled by older policies gets when neither its recipe nor
+# its preset sets tis_mode: AReaL's decoupled PPO weight sg(min(pi_prox/mu, 2)) per token
+STALE_TOKEN_OBJECTIVE = {"tis_mode": "token_truncate"}
 Advantage = Literal["group", "rloo", "reinforce_pp", "median", "drpo"]
 
 

@@ -1,7 +1,14 @@
-"""``RunConfig``: one recipe, composed of the config classes kept next to each component."""
+"""``RunConfig``: one recipe, composed of the config classes kept next to each component.
+
+Some settings fill keys of another section where the recipe leaves them unset — ``FILLS``
+below lists every one (ReMix's KL terms, the stale-token correction, DAPO's dynamic sampling);
+the values live with the component that needs them and the resolved ``config.yaml`` shows them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -15,7 +22,7 @@ from rollwise.generate.april import AprilConfig
 from rollwise.generate.latr import LatrConfig
 from rollwise.generate.tree import TreeConfig
 from rollwise.model.load import ModelConfig
-from rollwise.optim.objective import PRESETS, ObjectiveConfig
+from rollwise.optim.objective import PRESET_SECTIONS, PRESETS, STALE_TOKEN_OBJECTIVE, ObjectiveConfig
 from rollwise.tasks.arith import ArithConfig
 from rollwise.tasks.registry import TaskConfig
 from rollwise.train.metrics import check_loggers
@@ -156,46 +163,63 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _preset_sections(cls, data):
-        # an objective preset that is a whole method fills other sections too (dapo: control.method=
-        # dynamic_sampling); what the recipe sets wins
-        if isinstance(data, dict) and isinstance(data.get("objective"), dict):
-            for section, fill in PRESET_SECTIONS.get(data["objective"].get("method"), {}).items():
-                current = data.get(section)
-                if current is None or isinstance(current, dict):
-                    data = {**data, section: {**fill, **{k: v for k, v in (current or {}).items() if v is not None}}}
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _off_policy_correction(cls, data):
-        # tokens sampled by older policies (async k >= 1, replay, APRIL) get a truncated IS weight on the
-        # behaviour/proximal gap unless the recipe or its objective preset chose objective.tis_mode
-        if not isinstance(data, dict) or off_policy_source(data) is None:
-            return data
-        objective = data.get("objective") or {}
-        if not isinstance(objective, dict) or objective.get("tis_mode") is not None:
-            return data
-        if "tis_mode" in PRESETS.get(objective.get("method", "grpo"), {}):
-            return data
-        return {**data, "objective": {**objective, **OFF_POLICY_OBJECTIVE}}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _remix_objective(cls, data):
-        # replay.method=remix brings its KL-convex constraint: objective.beta and prox_kl_coef = β/2 unless set
-        if isinstance(data, dict) and isinstance(data.get("replay"), dict) and data["replay"].get("method") == "remix":
-            fill = remix_objective(ReplayConfig.model_validate(data["replay"]))
-            objective = dict(data.get("objective") or {})
-            data = {**data, "objective": {**fill, **{k: v for k, v in objective.items() if v is not None}}}
+    def _fill_across_sections(cls, data):
+        # keys one section's setting fills in another where the recipe leaves them unset (FILLS)
+        if isinstance(data, dict):
+            for fill in FILLS:
+                data = fill.apply(data)
         return data
 
 
-# objective presets that are a whole method: the other sections they fill (unless the recipe sets them)
-PRESET_SECTIONS: dict[str, dict[str, dict]] = {"dapo": {"control": {"method": "dynamic_sampling"}}}
-# the off-policy correction a run with stale tokens gets when it sets no objective.tis_mode: AReaL's
-# decoupled PPO weight sg(min(pi_prox/mu, 2)) per token (the cap follows from the token mode)
-OFF_POLICY_OBJECTIVE = {"tis_mode": "token_truncate"}
+def _fill_remix(data: dict) -> dict:
+    if isinstance(data.get("replay"), dict) and data["replay"].get("method") == "remix":
+        fill = remix_objective(ReplayConfig.model_validate(data["replay"]))
+        objective = dict(data.get("objective") or {})
+        data = {**data, "objective": {**fill, **{k: v for k, v in objective.items() if v is not None}}}
+    return data
+
+
+def _fill_stale_token_correction(data: dict) -> dict:
+    if off_policy_source(data) is None:
+        return data
+    objective = data.get("objective") or {}
+    if not isinstance(objective, dict) or objective.get("tis_mode") is not None:
+        return data
+    if "tis_mode" in PRESETS.get(objective.get("method", "grpo"), {}):
+        return data
+    return {**data, "objective": {**objective, **STALE_TOKEN_OBJECTIVE}}
+
+
+def _fill_preset_sections(data: dict) -> dict:
+    if isinstance(data.get("objective"), dict):
+        for section, fill in PRESET_SECTIONS.get(data["objective"].get("method"), {}).items():
+            current = data.get(section)
+            if current is None or isinstance(current, dict):
+                data = {**data, section: {**fill, **{k: v for k, v in (current or {}).items() if v is not None}}}
+    return data
+
+
+@dataclass(frozen=True)
+class SectionFill:
+    """Keys a setting fills in another section where the recipe leaves them unset: what the recipe
+    sets always wins, and the run's ``config.yaml`` records the filled values."""
+
+    when: str  # the setting, as a recipe writes it
+    fills: str  # what it fills
+    apply: Callable[[dict], dict]  # raw config dict -> raw config dict
+
+
+# every cross-section default, in the order they apply (each fill's values live with its component)
+FILLS = (
+    SectionFill("replay.method=remix", "objective.beta and objective.prox_kl_coef = replay.remix.beta / 2 "
+                "(ReMix's KL-convex constraint; replay.remix_objective)", _fill_remix),
+    SectionFill("a run that trains tokens sampled by older policies (train.mode=async with max_staleness >= 1, "
+                "a replay method that serves stored groups, rollout.strategy=april)",
+                "objective.tis_mode = token_truncate, unless the objective preset sets tis_mode "
+                "(optim.objective.STALE_TOKEN_OBJECTIVE)", _fill_stale_token_correction),
+    SectionFill("objective.method=dapo", "control.method = dynamic_sampling (DAPO is its loss and its dynamic "
+                "sampling; optim.objective.PRESET_SECTIONS)", _fill_preset_sections),
+)
 
 
 def off_policy_source(data: dict) -> str | None:

@@ -27,17 +27,15 @@ Ratios are measured side by side in this run; absolute times on a shared machine
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Literal
 
 import torch
 from pydantic import Field
-from rich.table import Table
 
-from rollwise.bench.engine import _quiet_transformers
-from rollwise.config import StrictModel, apply_overrides, validate
+from rollwise.bench.harness import load_settings, session, table, threads_set, train_run, warm_start
+from rollwise.config import StrictModel
 from rollwise.generate.latr import LatrConfig
 from rollwise.generate.tree import TreeConfig
 from rollwise.optim.advantages import is_zero_signal
@@ -63,7 +61,8 @@ class RolloutBenchConfig(StrictModel):
     repeats: int = Field(3, ge=1, description="timed runs per arm, alternating; medians reported")
     tree: TreeConfig = Field(default_factory=lambda: TreeConfig(segment_len=16, max_depth=3),
                              description="the tree arm's rollout.tree")
-    latr: LatrConfig = Field(default_factory=lambda: LatrConfig(lookahead=16), description="the latr arm's rollout.latr")
+    latr: LatrConfig = Field(default_factory=lambda: LatrConfig(lookahead=16),
+                             description="the latr arm's rollout.latr")
     train_seeds: list[int] = Field([0, 1, 2], min_length=1, description="RL seeds per training arm")
     train_tokens: int = Field(150_000, ge=1, description="generated-token budget of each training run")
     train_lr: float = Field(3e-5, gt=0, description="GRPO learning rate")
@@ -76,20 +75,14 @@ class RolloutBenchConfig(StrictModel):
 
 
 def load_rollout_bench_config(overrides: list[str]) -> RolloutBenchConfig:
-    return validate(RolloutBenchConfig, apply_overrides({}, list(overrides)))
+    return load_settings(RolloutBenchConfig, overrides)
 
 
 def run_rollout_bench(overrides: list[str], console) -> dict:
     """Run the arms of ``cfg.arms``; print a table per arm; return the results (see module docstring)."""
     cfg = load_rollout_bench_config(overrides)
-    threads = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
-        with _quiet_transformers(), torch.random.fork_rng(), tempfile.TemporaryDirectory() as tmp:
-            return _run(cfg, console, Path(tmp))
-    finally:
-        torch.set_num_threads(threads)
+    with session(cfg.threads) as tmp:
+        return _run(cfg, console, tmp)
 
 
 def _run(cfg: RolloutBenchConfig, console, tmp: Path) -> dict:
@@ -100,9 +93,10 @@ def _run(cfg: RolloutBenchConfig, console, tmp: Path) -> dict:
         sampling = _sampling_arms(cfg, warm, console)
         for arm in ("tree", "latr"):
             if arm in cfg.arms:
-                out[arm] = {"sampling": {"group": sampling["group"], arm: sampling[arm]},
-                            "tokens_per_leaf_ratio": sampling[arm]["tokens_per_leaf"] / sampling["group"]["tokens_per_leaf"],
-                            "wall_ratio": sampling[arm]["seconds"] / sampling["group"]["seconds"]}
+                group, mine = sampling["group"], sampling[arm]
+                out[arm] = {"sampling": {"group": group, arm: mine},
+                            "tokens_per_leaf_ratio": mine["tokens_per_leaf"] / group["tokens_per_leaf"],
+                            "wall_ratio": mine["seconds"] / group["seconds"]}
     if "train" in cfg.arms:
         runs = _training_arms(cfg, warm, tmp, console)
         tree = out.setdefault("tree", {})
@@ -123,16 +117,9 @@ def _task_overrides(cfg: RolloutBenchConfig) -> list[str]:
 
 def _warm_start(cfg: RolloutBenchConfig, tmp: Path, console) -> Path:
     """SFT the preset on arith (all digit counts up to max_digits, as the demo does); return its directory."""
-    from rollwise.train.config import load_run_config
-    from rollwise.train.loop import Trainer
-
-    with console.status(f"SFT warm start ({cfg.sft_steps} steps)"):
-        run = load_run_config(None, [f"output_dir={tmp}", "name=warm", f"seed={cfg.seed}", f"model.preset={cfg.preset}",
-                                     "task.name=arith", f"task.max_digits={cfg.max_digits}", f"sft.steps={cfg.sft_steps}",
-                                     "train.steps=0", f"model.threads={torch.get_num_threads()}"])
-        trainer = Trainer(run)
-        trainer.prepare()
-    return trainer.run_dir / "init_model"
+    return warm_start(tmp, "warm", [f"seed={cfg.seed}", f"model.preset={cfg.preset}", "task.name=arith",
+                                    f"task.max_digits={cfg.max_digits}", f"sft.steps={cfg.sft_steps}", threads_set()],
+                      console)
 
 
 # -- sampling arms -------------------------------------------------------------------------
@@ -194,42 +181,30 @@ def _sampling_arms(cfg: RolloutBenchConfig, warm: Path, console) -> dict:
 
 # -- training arms -------------------------------------------------------------------------
 def _training_arms(cfg: RolloutBenchConfig, warm: Path, tmp: Path, console) -> dict:
-    from rollwise.train.config import load_run_config
-    from rollwise.train.loop import Trainer, Until
-
-    tree = cfg.tree
-    tree_opts = [f"rollout.tree.{k}={v}" for k, v in tree.model_dump().items()]
+    """GRPO with ``group`` and with ``tree`` sampling, per seed, to the same generated-token budget."""
+    tree_opts = [f"rollout.tree.{k}={v}" for k, v in cfg.tree.model_dump().items()]
     runs: dict[str, list] = {"group": [], "tree": []}
-    with console.status("training arms") as status:
-        for seed in cfg.train_seeds:
-            for arm in ("group", "tree"):
-                run = load_run_config(None, [
-                    f"output_dir={tmp}", f"name=train_{arm}_{seed}", f"seed={seed}", f"model.path={warm}",
-                    f"model.threads={torch.get_num_threads()}", *_task_overrides(cfg), "sft.steps=0",
-                    f"rollout.strategy={arm}", *tree_opts, f"rollout.num_generations={cfg.num_generations}",
+    for seed in cfg.train_seeds:
+        for arm in ("group", "tree"):
+            sets = [f"output_dir={tmp}", f"name=train_{arm}_{seed}", f"seed={seed}", f"model.path={warm}",
+                    threads_set(), *_task_overrides(cfg), "sft.steps=0", f"rollout.strategy={arm}", *tree_opts,
+                    f"rollout.num_generations={cfg.num_generations}",
                     f"rollout.prompts_per_step={cfg.prompts_per_step}", f"rollout.max_new_tokens={cfg.max_new_tokens}",
-                    f"rollout.temperature={cfg.temperature}", "objective.method=grpo", f"optim.lr={cfg.train_lr}",
-                    "optim.micro_batch_size=128", "train.steps=100000", f"train.max_generated_tokens={cfg.train_tokens}",
-                    "train.eval_samples=0", "train.log_samples=0",
-                ])
-                with Trainer(run) as trainer:
-                    trainer.prepare()
-
-                    def show(step, _metrics, arm=arm, seed=seed, trainer=trainer):
-                        status.update(f"training: {arm}, seed {seed}, step {step}, "
-                                      f"{trainer.state.generated_tokens:,}/{cfg.train_tokens:,} tokens")
-
-                    summary = trainer.fit(Until(generated_tokens=cfg.train_tokens), on_step=show)
-                runs[arm].append({"seed": seed, "initial_accuracy": summary["initial_accuracy"],
-                                  "final_accuracy": summary["final_accuracy"], "steps": summary["steps"],
-                                  "generated_tokens": summary["generated_tokens"], "seconds": summary["wall_seconds"]})
+                    f"rollout.temperature={cfg.temperature}",
+                    "objective.method=grpo", f"optim.lr={cfg.train_lr}", "optim.micro_batch_size=128",
+                    "train.steps=100000", f"train.max_generated_tokens={cfg.train_tokens}", "train.eval_samples=0",
+                    "train.log_samples=0"]
+            s = train_run(sets, console, f"training: {arm}, seed {seed}", tokens=cfg.train_tokens).summary
+            runs[arm].append({"seed": seed, "initial_accuracy": s["initial_accuracy"],
+                              "final_accuracy": s["final_accuracy"], "steps": s["steps"],
+                              "generated_tokens": s["generated_tokens"], "seconds": s["wall_seconds"]})
     return runs
 
 
 # -- april ---------------------------------------------------------------------------------
 def _april_arm(cfg: RolloutBenchConfig, console) -> dict:
+    """group, april and april with reuse_kv, alternating ``repeats`` times on the long-tail workload."""
     from rollwise.engine.sampling import SamplingParams
-    from rollwise.engine.slots import SlotEngine
     from rollwise.generate.april import AprilConfig, AprilSampler
     from rollwise.generate.group import GroupSampler
     from rollwise.model.tiny import build_tiny
@@ -244,94 +219,96 @@ def _april_arm(cfg: RolloutBenchConfig, console) -> dict:
     def decode(ids):
         return ""
 
-    def run(make) -> dict:
-        sampler = make()
-        engine = SlotEngine(model, pad_token_id=tok.pad_token_id, max_batch_size=512, seed=cfg.seed)
-        cursor, tokens, seconds, groups_done, lengths = 0, 0, 0.0, 0, []
-        for step in range(cfg.april_steps):
-            n = sampler.prompts_wanted(cfg.april_prompts)
-            prompts = [task.train.get(cursor + i) for i in range(n)]
-            cursor += n
-            for p in prompts:
-                p.token_ids = tok(p.text)["input_ids"]
-            start = time.perf_counter()
-            groups, _ = sampler.generate(engine, prompts, [cfg.num_generations] * n, seed=cfg.seed * 1000 + step)
-            seconds += time.perf_counter() - start
-            engine.load_weights(model)  # as between training steps: the version moves
-            tokens += sum(r.num_tokens for g in groups for r in g.rollouts)
-            groups_done += len(groups)
-            lengths += [r.num_tokens for g in groups for r in g.rollouts]
-        return {"tokens_per_second": tokens / seconds, "sampled_per_second": engine.stats.decode_tokens / seconds,
-                "seconds": seconds, "group_tokens": tokens,
-                "groups": groups_done, "sampled_tokens": engine.stats.decode_tokens,
-                "reprefill_tokens": engine.stats.reprefill_tokens, "restored_tokens": engine.stats.restored_tokens,
-                "median_length": statistics.median(lengths), "max_length": max(lengths)}
+    def april(reuse_kv: bool):
+        return lambda: AprilSampler(params, decode, AprilConfig(over_provision=cfg.april_over_provision,
+                                                                reuse_kv=reuse_kv), target=cfg.april_prompts)
 
-    arms = {
-        "group": lambda: GroupSampler(params, decode),
-        "april": lambda: AprilSampler(params, decode, AprilConfig(over_provision=cfg.april_over_provision),
-                                      target=cfg.april_prompts),
-        "april_reuse_kv": lambda: AprilSampler(params, decode, AprilConfig(
-            over_provision=cfg.april_over_provision, reuse_kv=True), target=cfg.april_prompts),
-    }
+    arms = {"group": lambda: GroupSampler(params, decode), "april": april(False), "april_reuse_kv": april(True)}
     runs: dict[str, list] = {name: [] for name in arms}
     with console.status("april arm") as status:
         for rep in range(cfg.repeats):
             for name, make in arms.items():
                 status.update(f"april: {name}, run {rep + 1}/{cfg.repeats}")
-                runs[name].append(run(make))
-    medians = {name: sorted(rs, key=lambda r: r["tokens_per_second"])[(len(rs) - 1) // 2] for name, rs in runs.items()}
+                runs[name].append(_april_run(cfg, model, tok, task, make()))
+    medians = {name: sorted(rs, key=lambda r: r["tokens_per_second"])[(len(rs) - 1) // 2]
+               for name, rs in runs.items()}
+    group = medians["group"]["tokens_per_second"]
     return {
-        "throughput_ratio": medians["april"]["tokens_per_second"] / medians["group"]["tokens_per_second"],
-        "paired_ratios": [a["tokens_per_second"] / g["tokens_per_second"] for a, g in zip(runs["april"], runs["group"])],
-        "reuse_kv_throughput_ratio": (medians["april_reuse_kv"]["tokens_per_second"]
-                                      / medians["group"]["tokens_per_second"]),
+        "throughput_ratio": medians["april"]["tokens_per_second"] / group,
+        "paired_ratios": [a["tokens_per_second"] / g["tokens_per_second"]
+                          for a, g in zip(runs["april"], runs["group"])],
+        "reuse_kv_throughput_ratio": medians["april_reuse_kv"]["tokens_per_second"] / group,
         **medians,
     }
+
+
+def _april_run(cfg: RolloutBenchConfig, model, tok, task, sampler) -> dict:
+    """``april_steps`` consecutive steps of ``sampler`` on a fresh engine, the weights reloaded between
+    steps as in training; throughput counts the tokens of the complete groups a step returns."""
+    from rollwise.engine.slots import SlotEngine
+
+    engine = SlotEngine(model, pad_token_id=tok.pad_token_id, max_batch_size=512, seed=cfg.seed)
+    cursor, seconds, lengths, groups_done = 0, 0.0, [], 0
+    for step in range(cfg.april_steps):
+        n = sampler.prompts_wanted(cfg.april_prompts)
+        prompts = [task.train.get(cursor + i) for i in range(n)]
+        cursor += n
+        for p in prompts:
+            p.token_ids = tok(p.text)["input_ids"]
+        start = time.perf_counter()
+        groups, _ = sampler.generate(engine, prompts, [cfg.num_generations] * n, seed=cfg.seed * 1000 + step)
+        seconds += time.perf_counter() - start
+        engine.load_weights(model)  # as between training steps: the version moves
+        groups_done += len(groups)
+        lengths += [r.num_tokens for g in groups for r in g.rollouts]
+    stats = engine.stats
+    return {"tokens_per_second": sum(lengths) / seconds, "sampled_per_second": stats.decode_tokens / seconds,
+            "seconds": seconds, "group_tokens": sum(lengths), "groups": groups_done,
+            "sampled_tokens": stats.decode_tokens, "reprefill_tokens": stats.reprefill_tokens,
+            "restored_tokens": stats.restored_tokens, "median_length": statistics.median(lengths),
+            "max_length": max(lengths)}
 
 
 # -- report --------------------------------------------------------------------------------
 def _print(console, cfg: RolloutBenchConfig, out: dict) -> None:
     for arm in ("tree", "latr"):
-        if "sampling" not in out.get(arm, {}):
-            continue
-        s = out[arm]["sampling"]
-        table = Table(title=f"{arm} vs group sampling — {cfg.num_prompts} arith prompts ({cfg.min_digits}-"
-                            f"{cfg.max_digits} digits) x {cfg.num_generations} leaves, median of {cfg.repeats}")
-        for col in ("strategy", "tokens/leaf", "wall s", "mean reward", "distinct/group", "mixed groups"):
-            table.add_column(col, justify="left" if col == "strategy" else "right")
-        for name, r in s.items():
-            table.add_row(name, f"{r['tokens_per_leaf']:.1f}", f"{r['seconds']:.2f}", f"{r['mean_reward']:.3f}",
-                          f"{r['distinct_per_group']:.2f}", f"{r['mixed_groups']:.0%}")
-        console.print(table)
-        console.print(f"{arm}: tokens per leaf {out[arm]['tokens_per_leaf_ratio']:.2f}x group's, "
-                      f"wall {out[arm]['wall_ratio']:.2f}x", highlight=False)
+        if "sampling" in out.get(arm, {}):
+            _print_sampling(console, cfg, arm, out[arm])
     if "training" in out.get("tree", {}):
-        table = Table(title=f"GRPO at equal generated tokens ({cfg.train_tokens:,} per run): greedy eval accuracy, "
-                            f"{cfg.eval_size} held-out prompts")
-        for col in ("strategy", "seed", "before", "after", "steps", "wall s"):
-            table.add_column(col, justify="left" if col == "strategy" else "right")
-        for arm, rs in out["tree"]["training"].items():
-            for r in rs:
-                table.add_row(arm, str(r["seed"]), f"{r['initial_accuracy']:.1%}", f"{r['final_accuracy']:.1%}",
-                              str(r["steps"]), f"{r['seconds']:.0f}")
-        console.print(table)
-        g, t = out["tree"]["accuracy_group"], out["tree"]["accuracy_tree"]
-        console.print(f"mean final accuracy: group {statistics.mean(g):.1%}, tree {statistics.mean(t):.1%}",
-                      highlight=False)
+        _print_training(console, cfg, out["tree"])
     if "april" in out:
         a = out["april"]
-        table = Table(title=f"april vs group on a long-tail workload — {cfg.april_steps} steps x {cfg.april_prompts} "
-                            f"groups of {cfg.num_generations}, median of {cfg.repeats}")
-        for col in ("strategy", "group tok/s", "sampled tok/s", "groups", "sampled", "re-prefilled", "restored",
-                    "median len", "max len"):
-            table.add_column(col, justify="left" if col == "strategy" else "right")
-        for name in ("group", "april", "april_reuse_kv"):
-            r = a[name]
-            table.add_row(name, f"{r['tokens_per_second']:,.0f}", f"{r['sampled_per_second']:,.0f}", str(r["groups"]),
-                          f"{r['sampled_tokens']:,}", f"{r['reprefill_tokens']:,}", f"{r['restored_tokens']:,}",
-                          f"{r['median_length']:.0f}", str(r["max_length"]))
-        console.print(table)
+        console.print(table(
+            f"april vs group on a long-tail workload — {cfg.april_steps} steps x {cfg.april_prompts} groups of "
+            f"{cfg.num_generations}, median of {cfg.repeats}",
+            ("strategy", "group tok/s", "sampled tok/s", "groups", "sampled", "re-prefilled", "restored", "median len",
+             "max len"),
+            [[name, f"{r['tokens_per_second']:,.0f}", f"{r['sampled_per_second']:,.0f}", str(r["groups"]),
+              f"{r['sampled_tokens']:,}", f"{r['reprefill_tokens']:,}", f"{r['restored_tokens']:,}",
+              f"{r['median_length']:.0f}", str(r["max_length"])]
+             for name, r in ((n, a[n]) for n in ("group", "april", "april_reuse_kv"))]))
         console.print(f"april: throughput {a['throughput_ratio']:.2f}x group's (paired runs: "
                       f"{', '.join(f'{x:.2f}' for x in a['paired_ratios'])}); with reuse_kv "
                       f"{a['reuse_kv_throughput_ratio']:.2f}x", highlight=False)
+
+
+def _print_sampling(console, cfg: RolloutBenchConfig, arm: str, out: dict) -> None:
+    console.print(table(
+        f"{arm} vs group sampling — {cfg.num_prompts} arith prompts ({cfg.min_digits}-{cfg.max_digits} digits) x "
+        f"{cfg.num_generations} leaves, median of {cfg.repeats}",
+        ("strategy", "tokens/leaf", "wall s", "mean reward", "distinct/group", "mixed groups"),
+        [[name, f"{r['tokens_per_leaf']:.1f}", f"{r['seconds']:.2f}", f"{r['mean_reward']:.3f}",
+          f"{r['distinct_per_group']:.2f}", f"{r['mixed_groups']:.0%}"] for name, r in out["sampling"].items()]))
+    console.print(f"{arm}: tokens per leaf {out['tokens_per_leaf_ratio']:.2f}x group's, "
+                  f"wall {out['wall_ratio']:.2f}x", highlight=False)
+
+
+def _print_training(console, cfg: RolloutBenchConfig, tree: dict) -> None:
+    console.print(table(
+        f"GRPO at equal generated tokens ({cfg.train_tokens:,} per run): greedy eval accuracy, {cfg.eval_size} "
+        "held-out prompts", ("strategy", "seed", "before", "after", "steps", "wall s"),
+        [[arm, str(r["seed"]), f"{r['initial_accuracy']:.1%}", f"{r['final_accuracy']:.1%}", str(r["steps"]),
+          f"{r['seconds']:.0f}"] for arm, rs in tree["training"].items() for r in rs]))
+    g, t = tree["accuracy_group"], tree["accuracy_tree"]
+    console.print(f"mean final accuracy: group {statistics.mean(g):.1%}, tree {statistics.mean(t):.1%}",
+                  highlight=False)

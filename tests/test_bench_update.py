@@ -35,7 +35,7 @@ def test_update_bench_forward_arm_trains_the_same_with_both_forwards():
 
 
 def test_update_bench_throughput_counts_only_real_tokens():
-    from rollwise.bench.update import task_batch, update_flops
+    from rollwise.bench.update_cost import task_batch, update_flops
     from rollwise.model.tiny import build_tiny
 
     model, tok = build_tiny("tiny")
@@ -67,7 +67,7 @@ def test_update_bench_memory_arm_runs_both_settings_in_fresh_processes():
 
 
 def test_update_bench_shared_arm_computes_each_prompt_once():
-    from rollwise.bench.update import chat_batch
+    from rollwise.bench.update_cost import chat_batch
 
     batch = chat_batch(50, rows=10, group=4, prompt=6, completion=4)
     prompts = batch.input_ids[:, :6]
@@ -103,7 +103,7 @@ def test_update_bench_real_arm_full_vs_lora_in_fresh_processes(tmp_path):
 
 
 def test_trained_flops_counts_weight_gradients_of_trained_parameters_only():
-    from rollwise.bench.update import task_batch, update_flops
+    from rollwise.bench.update_cost import task_batch, update_flops
     from rollwise.bench.update_real import trained_flops
     from rollwise.model.tiny import build_tiny
 

@@ -21,6 +21,8 @@ Nothing here knows an arm: the benches say what their arms are.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -261,6 +263,17 @@ def tokens_ratios(mine: Mapping[int, dict], base: Mapping[int, dict]) -> list[fl
         if reached is not None and theirs:
             out.append(reached / theirs)
     return out
+
+
+def in_child(function: str, args: dict) -> dict:
+    """``module:function(**args)`` called in a fresh interpreter (peak memory is per process); its
+    JSON result (the last line it prints)."""
+    module, name = function.split(":")
+    code = f"import json; from {module} import {name}; print(json.dumps({name}(**json.loads({json.dumps(args)!r}))))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{function} failed in a fresh process:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # -- output ----------------------------------------------------------------------------------

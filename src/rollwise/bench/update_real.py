@@ -31,15 +31,12 @@ Per arm:
 from __future__ import annotations
 
 import dataclasses
-import json
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from rich.table import Table
+
+from rollwise.bench.harness import in_child, table
 
 REAL_ARMS = ("full", "lora")
 
@@ -48,28 +45,16 @@ def sampled_batch(model, tok, prompts: list[list[int]], group: int, max_new_toke
                   seed: int = 0):
     """A TrainBatch of ``group`` completions per prompt sampled by the model (rollwise's engine),
     advantages ±1 by alternating groups (every row carries signal)."""
+    from rollwise.bench.update_cost import signal_batch
     from rollwise.engine.engine import Request
     from rollwise.engine.sampling import SamplingParams
     from rollwise.engine.slots import SlotEngine
-    from rollwise.optim.batch import TrainBatch
 
     engine = SlotEngine(model, pad_token_id=tok.pad_token_id, max_batch_size=len(prompts) * group, seed=seed)
     requests = [Request(p, SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
                                           stop_token_ids=(tok.eos_token_id,), seed=seed * 100_000 + i))
                 for i, p in enumerate(p for p in prompts for _ in range(group))]
-    seqs = [(c.prompt_ids, c.token_ids) for c in engine.generate(requests)]
-    rows, width = len(seqs), max(len(a) + len(b) for a, b in seqs)
-    ids = torch.full((rows, width), tok.pad_token_id)
-    attn = torch.zeros(rows, width, dtype=torch.long)
-    completion = torch.zeros(rows, width - 1)
-    for r, (a, b) in enumerate(seqs):
-        n = len(a) + len(b)
-        ids[r, :n], attn[r, :n] = torch.tensor(list(a) + list(b)), 1
-        completion[r, len(a) - 1 : n - 1] = 1
-    sign = torch.where((torch.arange(rows) // group) % 2 == 0, 1.0, -1.0)[:, None]
-    return TrainBatch(input_ids=ids, attention_mask=attn, completion_mask=completion, loss_weights=completion.clone(),
-                      behavior_logprobs=-2.0 * completion, advantages=sign * completion, rewards=torch.zeros(rows),
-                      group_ids=torch.arange(rows) // group)
+    return signal_batch([(c.prompt_ids, c.token_ids) for c in engine.generate(requests)], tok.pad_token_id, group)
 
 
 def trained_flops(model, batch, computed_tokens: float) -> float:
@@ -89,11 +74,9 @@ def real_update(model_path: str, batch_path: str, lora: bool, lora_rank: int, th
     """One arm, in a fresh process: load the model (LoRA or not), ``repeats`` updates of the saved batch."""
     from rollwise.bench.chat import load_chat_model
     from rollwise.bench.engine import matmul_flops
-    from rollwise.bench.update import _status_mb
+    from rollwise.bench.update_cost import timed_update, best_of, restart_peak, status_mb
     from rollwise.model.lora import LoraConfig, apply_lora
     from rollwise.optim.batch import TrainBatch
-    from rollwise.optim.objective import ObjectiveConfig
-    from rollwise.optim.update import policy_update
 
     torch.set_num_threads(threads)
     model, _ = load_chat_model(model_path)
@@ -101,24 +84,18 @@ def real_update(model_path: str, batch_path: str, lora: bool, lora_rank: int, th
         model = apply_lora(model, LoraConfig(r=lora_rank), seed=0)
     batch = TrainBatch(**torch.load(batch_path))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-7)
-    loaded = _status_mb("VmRSS")
-    try:  # restart the high-water mark: the loader's transient copies are not the update's (Linux >= 4.0)
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
+    loaded = status_mb("VmRSS")
+    restart_peak()  # the loader's transient copies are not the update's
     peaks, times, shared = [matmul_flops()], [], 0.0
     for _ in range(repeats):
-        start = time.perf_counter()
-        m = policy_update(model, opt, batch, ObjectiveConfig(), micro_batch_size=micro_batch_size, num_iterations=1,
-                          max_grad_norm=1.0, max_len=max_len, packed=True)
-        times.append(time.perf_counter() - start)
+        seconds, m = timed_update(model, opt, batch, micro_batch_size=micro_batch_size, max_len=max_len, packed=True)
+        times.append(seconds)
         shared = max(shared, m.get("update/prompt_tokens_shared", 0.0))
         peaks.append(matmul_flops(seconds=0.1))
     computed = float(batch.attention_mask.sum()) - shared
-    return {"lora": lora, "loaded_mb": loaded, "peak_mb": max(_status_mb("VmHWM"), _status_mb("VmRSS")),
-            "times": times, "seconds": min(times[1:]), "median_seconds": sorted(times[1:])[len(times[1:]) // 2],
-            "matmul_flop_s": max(peaks), "computed_tokens": computed, "useful_flops": trained_flops(model, batch, computed),
-            "params": sum(p.numel() for p in model.parameters()),
+    return {"lora": lora, "loaded_mb": loaded, "peak_mb": max(status_mb("VmHWM"), status_mb("VmRSS")),
+            "times": times, **best_of(times), "matmul_flop_s": max(peaks), "computed_tokens": computed,
+            "useful_flops": trained_flops(model, batch, computed), "params": sum(p.numel() for p in model.parameters()),
             "trained_params": sum(p.numel() for p in model.parameters() if p.requires_grad)}
 
 
@@ -142,15 +119,10 @@ def run_real(cfg, console) -> dict:
                "prompt_tokens": int(batch.attention_mask.sum() - batch.completion_mask.sum()), "arms": {}}
         for arm in REAL_ARMS:
             status.update(f"real model: {arm}, {cfg.real_repeats} updates in a fresh process")
-            args = {"model_path": cfg.model_path, "batch_path": str(path), "lora": arm == "lora",
-                    "lora_rank": cfg.real_lora_rank, "threads": threads, "repeats": cfg.real_repeats,
-                    "micro_batch_size": cfg.real_micro_batch, "max_len": cfg.real_max_new_tokens}
-            code = ("import json; from rollwise.bench.update_real import real_update; "
-                    f"print(json.dumps(real_update(**json.loads({json.dumps(args)!r}))))")
-            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-            if done.returncode:
-                raise RuntimeError(f"bench update, real arm {arm}: the child failed:\n{done.stderr[-2000:]}")
-            out["arms"][arm] = json.loads(done.stdout.strip().splitlines()[-1])
+            out["arms"][arm] = in_child("rollwise.bench.update_real:real_update", {
+                "model_path": cfg.model_path, "batch_path": str(path), "lora": arm == "lora",
+                "lora_rank": cfg.real_lora_rank, "threads": threads, "repeats": cfg.real_repeats,
+                "micro_batch_size": cfg.real_micro_batch, "max_len": cfg.real_max_new_tokens})
     out["matmul_flop_s"] = peak = max(a["matmul_flop_s"] for a in out["arms"].values())
     for a in out["arms"].values():
         a["flop_utilization"] = a["useful_flops"] / a["seconds"] / peak
@@ -161,17 +133,15 @@ def run_real(cfg, console) -> dict:
 
 
 def print_real(console, cfg, out: dict) -> None:
-    table = Table(title=f"one policy update on {out['model_path']}: {out['rows']} sampled chat rollouts "
-                        f"({out['real_tokens']:,} real tokens, {out['scored_tokens']:,} completion), micro-batches of "
-                        f"{cfg.real_micro_batch}; each arm in a fresh process, {out['torch_threads']} thread(s), "
-                        f"matmul {out['matmul_flop_s'] / 1e9:.1f} GFLOP/s")
-    for col in ("arm", "trained params", "tokens computed", "update s (best)", "(median)", "FLOP util",
-                "RSS after load MB", "peak RSS MB"):
-        table.add_column(col)
-    for arm, a in out["arms"].items():
-        table.add_row(arm, f"{a['trained_params'] / 1e6:.2f} M", f"{a['computed_tokens']:,.0f}", f"{a['seconds']:.2f}",
-                      f"{a['median_seconds']:.2f}", f"{a['flop_utilization']:.1%}", f"{a['loaded_mb']:,.0f}",
-                      f"{a['peak_mb']:,.0f}")
-    console.print(table)
+    console.print(table(
+        f"one policy update on {out['model_path']}: {out['rows']} sampled chat rollouts ({out['real_tokens']:,} real "
+        f"tokens, {out['scored_tokens']:,} completion), micro-batches of {cfg.real_micro_batch}; each arm in a fresh "
+        f"process, {out['torch_threads']} thread(s), matmul {out['matmul_flop_s'] / 1e9:.1f} GFLOP/s",
+        ("arm", "trained params", "tokens computed", "update s (best)", "(median)", "FLOP util", "RSS after load MB",
+         "peak RSS MB"),
+        [[arm, f"{a['trained_params'] / 1e6:.2f} M", f"{a['computed_tokens']:,.0f}", f"{a['seconds']:.2f}",
+          f"{a['median_seconds']:.2f}", f"{a['flop_utilization']:.1%}", f"{a['loaded_mb']:,.0f}",
+          f"{a['peak_mb']:,.0f}"]
+         for arm, a in out["arms"].items()]))
     r = out["lora_vs_full"]
     console.print(f"LoRA / full: peak RSS {r['peak_mb']:.2f}x, update time {r['seconds']:.2f}x")

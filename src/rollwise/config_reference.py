@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import types
 import typing
+from collections.abc import Sequence
 from typing import Any, Literal, Union, get_args, get_origin
 
 import annotated_types
@@ -28,16 +29,24 @@ A run is a YAML recipe plus `--set key.path=value` overrides (`rollwise train re
 component it configures; an unknown key is an error that names the closest valid one, a wrong
 type or range names the field, and the resolved config — preset values filled in — is written
 to the run directory as `config.yaml`. `null` in a default means unset (YAML `null`, or leave
-the key out). Some values are filled from other sections when a recipe leaves them unset: an
-`objective.method` preset fills the `objective` fields it names (`rollwise list objectives`),
-and a method that trains stale tokens defaults `objective.tis_mode` (see each key's text)."""
+the key out). An `objective.method` preset fills the `objective` fields it names where the
+recipe leaves them unset (`rollwise list objectives`)."""
 
 
-def config_reference(model: type[BaseModel], title: str = "Configuration reference") -> str:
-    """The Markdown reference of ``model`` and every config class it nests (see the module docstring)."""
+def config_reference(model: type[BaseModel], title: str = "Configuration reference",
+                     fills: Sequence[tuple[str, str]] = ()) -> str:
+    """The Markdown reference of ``model`` and every config class it nests (see the module docstring).
+
+    ``fills``: (setting, what it fills) for every default one section's setting writes into another
+    where the recipe leaves it unset (``rollwise.train.config.FILLS``), listed after the introduction.
+    """
     out = [f"# {title}", "",
            f"<!-- generated from the config classes by `{COMMAND}`; edit the Field descriptions, not this file -->",
            "", INTRO, ""]
+    if fills:
+        out += ["Defaults one section fills in another where the recipe leaves them unset (what the recipe "
+                "sets always wins; the run's `config.yaml` records the filled values):", "",
+                "| when | fills |", "|---|---|", *[f"| {_cell(when)} | {_cell(what)} |" for when, what in fills], ""]
     sections = [(name, f) for name, f in model.model_fields.items() if _models(f.annotation)]
     if sections:
         out += ["| section | what it configures | keys |", "|---|---|---|"]

@@ -1,5 +1,9 @@
 """One policy update from a TrainBatch: micro-batched forward/backward, clip, optimizer step.
 
+``policy_update(model, optimizer, batch, spec)``: ``spec`` (an ``UpdateSpec``) says what the
+update does — the objective, the optimizer passes, the micro-batching, the sampling settings
+the log-probs are computed under, and the forward.
+
 Rows that carry no signal are not run: a rollout whose trained tokens all have advantage
 exactly 0 contributes exactly zero loss and zero gradient to every policy loss here (each is
 a multiple of the advantage), so when no term without an advantage is active (a KL term,
@@ -28,42 +32,6 @@ from rollwise.model.reference import as_reference
 from rollwise.optim.batch import TrainBatch
 from rollwise.optim.losses import token_weights
 from rollwise.optim.objective import ObjectiveConfig, policy_loss
-
-
-def _micro_batches(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-
-def _logprobs(model, packed: PackedForward | None, sub: TrainBatch, spec: UpdateSpec,
-              with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropies) ``[b, t-1]`` of a micro-batch's completion tokens under ``model``:
-    packed when ``packed`` is given, else the HF module on the padded rows."""
-    if packed is not None:
-        scored = sub.completion_mask
-        chunk = logits_chunk(model, 1, int(scored.sum()) + 1, spec.logits_budget_mb)  # the head: scored positions
-        return packed.logprobs(sub.input_ids, sub.attention_mask, scored, chunk=chunk, with_entropy=with_entropy,
-                               share_prompts=spec.share_prompts, **spec.sampling)
-    chunk = logits_chunk(model, *sub.input_ids.shape, spec.logits_budget_mb)
-    return token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, with_entropy=with_entropy,
-                                      chunk=chunk, **spec.sampling)
-
-
-@torch.no_grad()
-def _logprobs_no_grad(model, batch: TrainBatch, spec: UpdateSpec) -> torch.Tensor:
-    """Log-probs [B, T-1] of the batch under ``model`` without gradient (old or reference policy)."""
-    out = torch.zeros_like(batch.behavior_logprobs)
-    forward = PackedForward(model) if spec.packed else None
-    for mb in _micro_batches(len(batch), spec.micro_batch_size):
-        lp, _ = _logprobs(model, forward, batch.select(mb), spec, with_entropy=False)
-        out[mb, : lp.shape[1]] = lp
-    return out
-
-
-def rows_with_signal(batch: TrainBatch) -> torch.Tensor:
-    """[B] bool: the row has a trained token with a non-zero advantage. Exact zero, so skipping the
-    other rows changes nothing; a group with no signal (``rollwise.types.is_zero_signal``, the one
-    definition dynamic sampling uses too) gets advantage exactly 0 from every estimator."""
-    return ((batch.advantages != 0) & (batch.loss_weights > 0)).any(-1)
 
 
 @dataclass(frozen=True)
@@ -101,17 +69,12 @@ class UpdateSpec:
         return self.skip_zero_advantage and o.beta == 0 and o.prox_kl_coef == 0 and o.top_entropy_quantile >= 1
 
 
-def policy_update(model, optimizer, batch: TrainBatch, spec: UpdateSpec | ObjectiveConfig, ref_model=None,
-                  **keywords) -> dict[str, float]:
+def policy_update(model, optimizer, batch: TrainBatch, spec: UpdateSpec, ref_model=None) -> dict[str, float]:
     """``spec.passes`` optimizer steps on ``batch``; returns metrics averaged over the passes.
 
     The LR schedule is the caller's: it advances once per training step, not per pass.
     ``ref_model`` is the KL reference: a frozen module or a ``rollwise.model.reference.Reference``.
-    (``policy_update(model, optimizer, batch, objective, micro_batch_size=..., num_iterations=...,
-    ...)``, the keyword form from before ``UpdateSpec``, still works while callers move.)
     """
-    if not isinstance(spec, UpdateSpec):
-        spec = UpdateSpec(spec, passes=keywords.pop("num_iterations"), **keywords)
     device = next(model.parameters()).device
     batch = batch.to(device)
     # [B, T-1] over the whole batch, the per-token loss weights (k for a tree node shared by k leaves)
@@ -179,6 +142,42 @@ def _backward(model, forward: PackedForward | None, sub: TrainBatch, weights: to
     m["logprob_gap/behavior_vs_policy"] = gap
     m["tokens"] = float(mask.sum())
     return m
+
+
+def _micro_batches(n: int, size: int) -> list[slice]:
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _logprobs(model, packed: PackedForward | None, sub: TrainBatch, spec: UpdateSpec,
+              with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) ``[b, t-1]`` of a micro-batch's completion tokens under ``model``:
+    packed when ``packed`` is given, else the HF module on the padded rows."""
+    if packed is not None:
+        scored = sub.completion_mask
+        chunk = logits_chunk(model, 1, int(scored.sum()) + 1, spec.logits_budget_mb)  # the head: scored positions
+        return packed.logprobs(sub.input_ids, sub.attention_mask, scored, chunk=chunk, with_entropy=with_entropy,
+                               share_prompts=spec.share_prompts, **spec.sampling)
+    chunk = logits_chunk(model, *sub.input_ids.shape, spec.logits_budget_mb)
+    return token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, with_entropy=with_entropy,
+                                      chunk=chunk, **spec.sampling)
+
+
+@torch.no_grad()
+def _logprobs_no_grad(model, batch: TrainBatch, spec: UpdateSpec) -> torch.Tensor:
+    """Log-probs [B, T-1] of the batch under ``model`` without gradient (old or reference policy)."""
+    out = torch.zeros_like(batch.behavior_logprobs)
+    forward = PackedForward(model) if spec.packed else None
+    for mb in _micro_batches(len(batch), spec.micro_batch_size):
+        lp, _ = _logprobs(model, forward, batch.select(mb), spec, with_entropy=False)
+        out[mb, : lp.shape[1]] = lp
+    return out
+
+
+def rows_with_signal(batch: TrainBatch) -> torch.Tensor:
+    """[B] bool: the row has a trained token with a non-zero advantage. Exact zero, so skipping the
+    other rows changes nothing; a group with no signal (``rollwise.types.is_zero_signal``, the one
+    definition dynamic sampling uses too) gets advantage exactly 0 from every estimator."""
+    return ((batch.advantages != 0) & (batch.loss_weights > 0)).any(-1)
 
 
 def ace_shift(batch: TrainBatch, ref: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:

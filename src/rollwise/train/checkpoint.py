@@ -178,7 +178,8 @@ def load_weights(path: Path, model, name: str = "model.safetensors") -> None:
         shapes = {n: list(f.get_slice(source[n]).get_shape()) for n in targets if n in source}
         wrong = [f"{n} {shapes[n]} vs {list(targets[n].shape)}" for n in shapes if shapes[n] != list(targets[n].shape)]
         if missing or unexpected or wrong:
-            raise ConfigError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}, "
+            raise ConfigError(f"checkpoint {path} does not match the model: missing {missing}, "
+                              f"unexpected {unexpected}, "
                               f"shapes {wrong} (resume with the model the run started from)")
         with torch.no_grad():
             for names in tied_groups(targets):

@@ -44,7 +44,8 @@ class WorkerResources(StrictModel):
 
 
 class RolloutConfig(StrictModel):
-    strategy: Literal[tuple(STRATEGIES)] = Field("group", description="how rollouts are shaped (`rollwise list strategies`)")
+    strategy: Literal[tuple(STRATEGIES)] = Field("group",
+                                                 description="how rollouts are shaped (`rollwise list strategies`)")
     num_generations: int = Field(8, ge=1, description="rollouts per prompt (TRL's num_generations)")
     prompts_per_step: int = Field(16, ge=1, description="prompts sampled per training step")
     temperature: float = Field(1.0, gt=0, description="sampling temperature for training rollouts")

@@ -72,7 +72,8 @@ class MetricsLog:
             self._wandb = _open_wandb(run_dir, config, resume_from_step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        clean = {k: (float(v) if isinstance(v, (int, float)) and math.isfinite(v) else str(v)) for k, v in metrics.items()}
+        clean = {k: (float(v) if isinstance(v, (int, float)) and math.isfinite(v) else str(v))
+                 for k, v in metrics.items()}
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, **clean}) + "\n")
         scalars = {k: v for k, v in clean.items() if isinstance(v, float)}

@@ -54,7 +54,8 @@ def run_training(cfg: RunConfig, resume: bool = False, console: Console | None =
 
 
 def _passk(pass_at: dict[int, float], maj_at: dict[int, float]) -> str:
-    return "  ".join([f"pass@{k} {v:.1%}" for k, v in pass_at.items()] + [f"maj@{k} {v:.1%}" for k, v in maj_at.items()])
+    return "  ".join([f"pass@{k} {v:.1%}" for k, v in pass_at.items()]
+                     + [f"maj@{k} {v:.1%}" for k, v in maj_at.items()])
 
 
 def _print_summary(console: Console, s: dict, run_dir) -> None:

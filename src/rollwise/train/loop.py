@@ -175,14 +175,14 @@ class Trainer:
         prompts = control.select_prompts(source, stats, self.prompts_wanted(step))
         budget = group_size * len(prompts)
         budgets = control.allocate(prompts, stats, budget)
-        rounds = RoundSampler(self, step, engine, clock)
+        sampler = RoundSampler(self, step, engine, clock)  # one round: generate, score, record in stats
         with PromptPrefixes(control, engine, len(prompts)) as prefixes:  # extend rounds copy the prompts' prefixes
-            groups, metrics, _ = rounds.sample(prompts, budgets, seeds.FIRST_ROUND)
-            metrics |= extend_rounds(control, stats, groups, rounds, budget - sum(budgets))  # xrpo, dars
-            groups, refill = accept_and_refill(control, stats, source, groups, rounds, len(prompts), group_size)
+            groups, metrics, _ = sampler.sample(prompts, budgets, seeds.FIRST_ROUND)
+            metrics |= extend_rounds(control, stats, groups, sampler, budget - sum(budgets))  # xrpo, dars
+            groups, refill = accept_and_refill(control, stats, source, groups, sampler, len(prompts), group_size)
         control.observe_step(groups, stats)
         metrics |= prefixes.metrics() | refill | control.metrics() | clock.metrics()
-        tokens = rounds.tokens + control.forward_tokens()  # a selector's own policy forwards count too
+        tokens = sampler.tokens + control.forward_tokens()  # a selector's own policy forwards count too
         return ScoredBatch(step, groups, metrics, tokens, source.cursor)
 
     def train_on(self, batch: ScoredBatch, waited: float = 0.0) -> dict[str, float]:

@@ -51,16 +51,14 @@ import copy
 import random
 import statistics
 import time
-import warnings
-from contextlib import contextmanager
 from typing import Literal
 
 import torch
 from pydantic import Field
-from rich.table import Table
 
 from rollwise.bench.chat import SMOLLM2
-from rollwise.config import ConfigError, StrictModel, apply_overrides, validate
+from rollwise.bench.harness import load_settings, session, table
+from rollwise.config import ConfigError, StrictModel
 
 WORKLOADS = ("uniform", "long_tail", "fork", "chat")
 REAL_MODEL = "smollm2"  # a name in `models`: the model at `model_path`, not a tiny preset
@@ -100,9 +98,9 @@ class EngineBenchConfig(StrictModel):
 def load_bench_config(overrides: list[str]) -> EngineBenchConfig:
     from rollwise.model.tiny import PRESETS
 
-    cfg = validate(EngineBenchConfig, apply_overrides({}, list(overrides)))
+    cfg = load_settings(EngineBenchConfig, overrides)
     if cfg.models == [REAL_MODEL]:
-        cfg = validate(EngineBenchConfig, apply_overrides(dict(REAL_DEFAULTS), list(overrides)))
+        cfg = load_settings(EngineBenchConfig, overrides, REAL_DEFAULTS)
     for lo, hi in (("min_new_tokens", "max_new_tokens"), ("chat_min_new_tokens", "chat_max_new_tokens")):
         if getattr(cfg, lo) > getattr(cfg, hi):
             raise ConfigError(f"config field '{lo}' ({getattr(cfg, lo)}) must be <= '{hi}' ({getattr(cfg, hi)})")
@@ -113,24 +111,7 @@ def load_bench_config(overrides: list[str]) -> EngineBenchConfig:
     return cfg
 
 
-@contextmanager
-def _quiet_transformers():
-    """Silence transformers' logging and Python warnings for the duration (restored after)."""
-    from transformers.utils import logging as hf_logging
-
-    old = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()  # "Loading weights" bars would scroll the bench's own status away
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(old)
-        hf_logging.enable_progress_bar()
-
-
-def _left_pad(batch: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(batch: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(map(len, batch))
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -206,7 +187,7 @@ def _run_hf(cfg, model, pad_id, prompts, lengths, run: int) -> float:
     got = 0
     start = time.perf_counter()
     for b in _batches(len(prompts), cfg.batch_size):
-        ids, mask = _left_pad([prompts[i] for i in b], pad_id)
+        ids, mask = left_pad([prompts[i] for i in b], pad_id)
         out = model.generate(
             input_ids=ids, attention_mask=mask, do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0,
             max_new_tokens=max(lengths[i] for i in b), pad_token_id=pad_id, eos_token_id=None,
@@ -282,13 +263,8 @@ def run_engine_bench(overrides: list[str], console) -> dict:
     ``ratio_paired`` is the median over repeats of adjacent pairs' ratios, steadier on a loaded machine.
     """
     cfg = load_bench_config(overrides)
-    threads = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with session(cfg.threads):
         return _run_models(cfg, console)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run_models(cfg: EngineBenchConfig, console) -> dict:
@@ -296,8 +272,8 @@ def _run_models(cfg: EngineBenchConfig, console) -> dict:
 
     models = {}
     # no inference_mode: both sides run under their own no_grad, as the engine runs in training;
-    # fork_rng keeps HF's reseeding of the global generator from leaking to the caller
-    with _quiet_transformers(), torch.random.fork_rng(), console.status("measuring matmul FLOP/s") as status:
+    # the session's forked RNG keeps HF's reseeding of the global generator from leaking to the caller
+    with console.status("measuring matmul FLOP/s") as status:
         flops = matmul_flops()
         for name in cfg.models:
             if name == REAL_MODEL:
@@ -332,12 +308,11 @@ def _run_models(cfg: EngineBenchConfig, console) -> dict:
 
 def _print_table(console, cfg, name: str, params_count: int, workloads: dict) -> None:
     batch = f"batch {cfg.batch_size}" if cfg.batch_sizes is None else "batch size after @"
-    table = Table(title=f"{cfg.engine} engine vs HF generate — {name} ({params_count:,} params), "
-                        f"{cfg.num_prompts} requests, {batch}, median of {cfg.repeats}")
-    for col in ("workload", "rollwise tok/s", "hf tok/s", "ratio", "paired", "flop util", "rows: rollwise / hf"):
-        table.add_column(col, justify="left" if col == "workload" else "right")
-    for w, r in workloads.items():
-        table.add_row(w, f"{r['rollwise_tok_s']:,.0f}", f"{r['hf_tok_s']:,.0f}", f"{r['ratio']:.2f}x",
-                      f"{r['ratio_paired']:.2f}x", f"{r['flop_utilization']:.1%}",
-                      f"{r['rollwise_stats']['padded_decode_slots']:,} / {r['hf_computed_tokens']:,}")
-    console.print(table)
+    console.print(table(
+        f"{cfg.engine} engine vs HF generate — {name} ({params_count:,} params), {cfg.num_prompts} requests, {batch}, "
+        f"median of {cfg.repeats}",
+        ("workload", "rollwise tok/s", "hf tok/s", "ratio", "paired", "flop util", "rows: rollwise / hf"),
+        [[w, f"{r['rollwise_tok_s']:,.0f}", f"{r['hf_tok_s']:,.0f}", f"{r['ratio']:.2f}x", f"{r['ratio_paired']:.2f}x",
+          f"{r['flop_utilization']:.1%}",
+          f"{r['rollwise_stats']['padded_decode_slots']:,} / {r['hf_computed_tokens']:,}"]
+         for w, r in workloads.items()]))

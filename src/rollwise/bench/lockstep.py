@@ -30,7 +30,7 @@ class Evaluator:
     def accuracy(self, model, tokenizer) -> tuple[float, float]:
         from transformers import GenerationConfig
 
-        from rollwise.bench.engine import _left_pad
+        from rollwise.bench.engine import left_pad
         from rollwise.model.load import encode_prompt
 
         gen = GenerationConfig(do_sample=False, max_new_tokens=self.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
@@ -40,7 +40,7 @@ class Evaluator:
         completions, lengths = [], []
         for start in range(0, len(self.prompts), self.batch_size):
             # the arms' own prompt tokens: chat prompts through the chat template (rollwise's encode_prompt)
-            ids, mask = _left_pad([encode_prompt(tokenizer, p) for p in self.prompts[start : start + self.batch_size]],
+            ids, mask = left_pad([encode_prompt(tokenizer, p) for p in self.prompts[start : start + self.batch_size]],
                                   tokenizer.pad_token_id)
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)[:, ids.shape[1] :]
             for row in out.tolist():
@@ -50,7 +50,8 @@ class Evaluator:
         model.train(was_training)
         cols = [p.reward_columns() for p in self.prompts]
         columns = {k: [c.get(k) for c in cols] for k in sorted({k for c in cols for k in c})}
-        scores = self.judge(prompts=[p.text for p in self.prompts], completions=completions, completion_ids=None, **columns)
+        scores = self.judge(prompts=[p.text for p in self.prompts], completions=completions, completion_ids=None,
+                            **columns)
         return sum(is_correct(float(s)) for s in scores) / len(scores), sum(lengths) / len(lengths)
 
     def record(self, model, tokenizer, step: int, seconds: float) -> dict:
@@ -142,7 +143,8 @@ class Arm:
         self.records.append(record)
         step = len(self.records)
         if step % self.eval_every == 0 or step == self.last_step:
-            self.evals.append(self.evaluator.record(self.model, self.tokenizer, step, sum(r["loop"] for r in self.records)))
+            seconds = sum(r["loop"] for r in self.records)
+            self.evals.append(self.evaluator.record(self.model, self.tokenizer, step, seconds))
         self.rng = rng_state()
         self.parked.release()
         self.go.acquire()

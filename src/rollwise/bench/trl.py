@@ -58,21 +58,17 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-import torch
 from pydantic import Field
-from rich.table import Table
 
 from rollwise.bench.chat import CHAT_WORKLOADS, REWARDS, SMOLLM2, TEMPERATURES
 from rollwise.bench.chat import task_overrides as chat_task_overrides
-from rollwise.bench.engine import _quiet_transformers
-from rollwise.bench.lockstep import Arm, Evaluator, Lockstep, rng_state
-from rollwise.config import ConfigError, StrictModel, apply_overrides, validate
+from rollwise.bench.harness import load_settings, session, table, warm_start
+from rollwise.bench.lockstep import Evaluator, Lockstep
+from rollwise.bench.trl_arms import RollwiseArm, TRLArm
+from rollwise.config import ConfigError, StrictModel
 
 ARMS = ("rollwise", "trl")
 PHASES = ("generate", "score", "update", "other")
@@ -137,16 +133,23 @@ def settings_mapping(cfg: TRLBenchConfig) -> list[tuple[str, str, str]]:
         ("clip", "objective.epsilon=0.2 (epsilon_high = epsilon)", "epsilon=0.2, epsilon_high=None"),
         ("KL", "objective.beta=0 (no reference model)", "beta=0.0 (no reference model)"),
         ("IS correction", "objective.tis_mode=none", "none (only with vLLM)"),
-        ("passes per batch", "optim.num_iterations=1", "num_iterations=1, steps_per_generation=gradient_accumulation_steps"),
+        ("passes per batch", "optim.num_iterations=1",
+         "num_iterations=1, steps_per_generation=gradient_accumulation_steps"),
         ("optimizer", f"AdamW lr={cfg.lr}, betas=(0.9, 0.99), eps=1e-8, weight_decay=0",
-         f"optim=adamw_torch, learning_rate={cfg.lr}, adam_beta1=0.9, adam_beta2=0.99, adam_epsilon=1e-8, weight_decay=0"),
+         f"optim=adamw_torch, learning_rate={cfg.lr}, adam_beta1=0.9, adam_beta2=0.99, adam_epsilon=1e-8, "
+         "weight_decay=0"),
         ("schedule", "optim.schedule=constant, warmup_steps=0", "lr_scheduler_type=constant, warmup_steps=0"),
         ("grad clip", "optim.max_grad_norm=1.0", "max_grad_norm=1.0"),
-        ("truncated completions", "objective.mask_truncated_completions=false", "mask_truncated_completions=False"),
-        ("data order", "the task's train stream from its cursor", "the same prompts as a Dataset, shuffle_dataset=False"),
-        ("activation checkpointing", "none (the LM head is chunked only past optim.logits_budget_mb: never at this vocabulary)",
-         f"activation_checkpointing (was gradient_checkpointing)={cfg.trl_gradient_checkpointing} (TRL's default: True)"),
-        ("device, precision", f"CPU, float32, model.threads={cfg.threads}", f"use_cpu=True, bf16=False, float32, torch threads={cfg.threads}"),
+        ("truncated completions", "objective.mask_truncated_completions=false",
+         "mask_truncated_completions=False"),
+        ("data order", "the task's train stream from its cursor",
+         "the same prompts as a Dataset, shuffle_dataset=False"),
+        ("activation checkpointing",
+         "none (the LM head is chunked only past optim.logits_budget_mb: never at this vocabulary)",
+         f"activation_checkpointing (was gradient_checkpointing)={cfg.trl_gradient_checkpointing} "
+         "(TRL's default: True)"),
+        ("device, precision", f"CPU, float32, model.threads={cfg.threads}",
+         f"use_cpu=True, bf16=False, float32, torch threads={cfg.threads}"),
     ]
 
 
@@ -160,31 +163,29 @@ CHAT_DEFAULTS = {"seeds": [0], "steps": 10, "eval_every": 5, "eval_size": 50, "p
 
 
 def load_trl_config(overrides: list[str]) -> TRLBenchConfig:
-    cfg = validate(TRLBenchConfig, apply_overrides({}, list(overrides)))
+    cfg = load_settings(TRLBenchConfig, overrides)
     if cfg.workload in CHAT_WORKLOADS:
-        defaults = CHAT_DEFAULTS | {"temperature": TEMPERATURES[cfg.workload]}
-        cfg = validate(TRLBenchConfig, apply_overrides(dict(defaults), list(overrides)))
-    return cfg
-
-
-def run_trl_bench(overrides: list[str], console) -> dict:
-    cfg = load_trl_config(overrides)
+        cfg = load_settings(TRLBenchConfig, overrides, CHAT_DEFAULTS | {"temperature": TEMPERATURES[cfg.workload]})
     if cfg.workload == "long" and cfg.long_min_digits > cfg.long_max_digits:
         raise ConfigError("long_min_digits must be <= long_max_digits")
     if (cfg.num_generations * cfg.prompts_per_step) % cfg.micro_batch_size:
         raise ConfigError(f"micro_batch_size ({cfg.micro_batch_size}) must divide num_generations x prompts_per_step "
                           f"({cfg.num_generations * cfg.prompts_per_step})")
+    return cfg
+
+
+def run_trl_bench(overrides: list[str], console) -> dict:
+    cfg = load_trl_config(overrides)
     if "trl" in cfg.arms:
         try:
             import trl  # noqa: F401
         except ImportError:
             raise ConfigError("bench trl needs TRL: pip install 'rollwise[compare]'") from None
-    torch.set_num_threads(cfg.threads)
     out = {"settings": cfg.model_dump(), "mapping": settings_mapping(cfg), "torch_threads": cfg.threads, "seeds": {}}
-    with _quiet_transformers(), torch.random.fork_rng(), tempfile.TemporaryDirectory() as tmp:
+    with session(cfg.threads) as tmp:
         for i, seed in enumerate(cfg.seeds):
             order = cfg.arms if i % 2 == 0 else cfg.arms[::-1]  # who goes first alternates between seeds too
-            out["seeds"][seed] = run_seed(cfg, seed, list(order), Path(tmp), console)
+            out["seeds"][seed] = run_seed(cfg, seed, list(order), tmp, console)
     out["summary"] = summarize(cfg, out["seeds"])
     print_results(console, cfg, out)
     return out
@@ -198,8 +199,8 @@ _COLUMN = re.compile(r"^(\d)([+-])(\d)[+-](\d)=(\d)(\d)$")
 def long_working(a: int, op: str, b: int) -> str:
     """The ``arith`` working of ``a op b`` written out in words (the long workload's completions).
 
-    >>> long_working(47, "+", 8)
-    ' column 1: 7 plus 8 plus carry 0 is 15, write 5 carry 1. column 2: 4 plus 0 plus carry 1 is 05, write 5 carry 0. the answer is #55'
+    >>> long_working(47, "+", 8)[:60]
+    ' column 1: 7 plus 8 plus carry 0 is 15, write 5 carry 1. col'
     """
     from rollwise.tasks.arith import solve
 
@@ -259,28 +260,27 @@ def rollwise_overrides(cfg: TRLBenchConfig, seed: int, tmp: Path) -> list[str]:
 # -- one seed: warm start, both arms in lockstep ---------------------------------------------------
 
 def run_seed(cfg: TRLBenchConfig, seed: int, order: list[str], tmp: Path, console) -> dict:
+    """One warm start (the chat workloads: the model itself), then both arms in lockstep from it."""
+    from rollwise.filter.rewards import load_callable
+    from rollwise.model.load import model_dir
     from rollwise.train.config import load_run_config
-    from rollwise.train.loop import Trainer
 
     base = rollwise_overrides(cfg, seed, tmp)
     if cfg.workload in CHAT_WORKLOADS:  # no warm start: both arms start from the model itself
-        from rollwise.filter.rewards import load_callable
-        from rollwise.model.load import model_dir
-
         run_cfg = load_run_config(None, [*base, f"model.path={cfg.model_path}"])
-        start, warm_dir, task = cfg.model_path, model_dir(run_cfg.model), run_cfg.task.build(seed)
+        start, warm_dir = cfg.model_path, model_dir(run_cfg.model)
         reward = load_callable(REWARDS[cfg.workload])  # the object rollwise's `rewards` entry imports too
     else:
-        with console.status(f"seed {seed}: SFT warm start ({cfg.sft_steps} steps)"):
-            with Trainer(load_run_config(None, [*base, f"name=warm-{seed}", "train.steps=0"])) as warm:
-                warm.prepare()
-                start = warm_dir = warm.init_model_dir()
-                task = warm.task
-        reward = next(iter(task.rewards.values()))
+        run_cfg = load_run_config(None, base)
+        start = warm_dir = warm_start(tmp, f"warm-{seed}", base, console)
+        reward = None
+    task = run_cfg.task.build(seed)
+    reward = reward or next(iter(task.rewards.values()))
     evaluator = Evaluator(task.eval[: cfg.eval_size], reward, max_new_tokens(cfg))
+    prompts = [task.train.get(i) for i in range(cfg.steps * cfg.prompts_per_step)]
     builders = {"rollwise": lambda: RollwiseArm(load_run_config(None, [
                     *base, f"name=rollwise-{seed}", f"model.path={start}", "sft.steps=0", f"train.steps={cfg.steps}"])),
-                "trl": lambda: TRLArm(cfg, seed, warm_dir, task, reward, tmp / f"trl-{seed}")}
+                "trl": lambda: TRLArm(trl_config(cfg, seed, tmp / f"trl-{seed}"), warm_dir, prompts, reward)}
     arms = {name: builders[name]() for name in order}
     with console.status(f"seed {seed}: eval at step 0"):
         for arm in arms.values():
@@ -291,103 +291,6 @@ def run_seed(cfg: TRLBenchConfig, seed: int, order: list[str], tmp: Path, consol
             f"seed {seed}: step {step}/{cfg.steps} " + " ".join(
                 f"{n} {a.evals[-1]['accuracy']:.1%}" for n, a in arms.items())))
     return {name: arm.result() for name, arm in arms.items()}
-
-
-# -- the two arms ----------------------------------------------------------------------------------
-
-class RollwiseArm(Arm):
-    """rollwise through its public API: ``Trainer(cfg)``, ``prepare()``, ``fit(Until(steps=N))``."""
-
-    name = "rollwise"
-
-    def __init__(self, run_cfg) -> None:
-        from rollwise.train.loop import Trainer
-
-        super().__init__(run_cfg.train.steps)
-        self.trainer = Trainer(run_cfg)
-        self.trainer.prepare()
-        self.model, self.tokenizer = self.trainer.model, self.trainer.tokenizer
-        self.own_evals: list[dict] = []
-        self.rng = rng_state()
-
-    def loop(self) -> None:
-        from rollwise.train.loop import Until
-
-        def on_eval(step: int, result) -> None:
-            self.own_evals.append({"step": step, "accuracy": result.accuracy})
-            if step == 0:
-                self.mark_start()  # the step clock starts after rollwise's own initial eval
-
-        def on_step(step: int, m: dict) -> None:
-            self.step_done({"generate": m["time/generate"], "score": m["time/score"], "update": m["time/update"],
-                            "step": m["time/step"], "reward": m["reward/mean"], "length": m["length/mean"],
-                            "zero_signal": m["groups/zero_signal"]})
-
-        with self.trainer:
-            self.trainer.fit(Until(steps=self.last_step), on_step=on_step, on_eval=on_eval)
-
-    def result(self) -> dict:
-        return super().result() | {"own_evals": self.own_evals}
-
-
-class TRLArm(Arm):
-    """TRL's ``GRPOTrainer`` on the warm start, timed by wrapping two of its methods and a callback."""
-
-    name = "trl"
-
-    def __init__(self, cfg: TRLBenchConfig, seed: int, warm_dir: Path, task, reward: Callable, out_dir: Path) -> None:
-        from datasets import Dataset
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.trainer_callback import PrinterCallback, ProgressCallback
-        from trl import GRPOTrainer
-
-        from rollwise.model.load import encode_prompt
-
-        super().__init__(cfg.steps)
-        self.tokenizer = AutoTokenizer.from_pretrained(warm_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(warm_dir, dtype=torch.float32)
-        # rollwise's train stream, in order: step k sees the prompts rollwise's step k sees
-        prompts = [task.train.get(i) for i in range(cfg.steps * cfg.prompts_per_step)]
-        chat = prompts[0].messages is not None and bool(getattr(self.tokenizer, "chat_template", None))
-        # chat prompts as messages: TRL applies the chat template itself, as rollwise's encode_prompt does
-        dataset = Dataset.from_list([{"prompt": p.messages if chat else p.text, **p.reward_columns()} for p in prompts])
-        self.trainer = GRPOTrainer(model=self.model, reward_funcs=[reward],
-                                   args=trl_config(cfg, seed, out_dir), train_dataset=dataset,
-                                   processing_class=self.tokenizer, callbacks=[_trl_clock(self)])
-        for cb in (PrinterCallback, ProgressCallback):
-            self.trainer.remove_callback(cb)
-        trl_ids = self.trainer._tokenize_prompts([dataset[0]["prompt"]])[0][0]
-        if list(trl_ids) != encode_prompt(self.tokenizer, prompts[0]):  # both arms must see the same tokens
-            raise RuntimeError(f"TRL tokenizes the first prompt differently from rollwise: {list(trl_ids)} vs "
-                               f"{encode_prompt(self.tokenizer, prompts[0])}")
-        self.phase = {"generate": 0.0, "score": 0.0}
-        self.trainer._generate = self._timed("generate", self.trainer._generate)
-        self.trainer._calculate_rewards = self._timed("score", self.trainer._calculate_rewards)
-        self.step_start = 0.0
-        self.rng = rng_state()
-
-    def _timed(self, phase: str, fn: Callable) -> Callable:
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.phase[phase] += time.perf_counter() - start
-        return wrapper
-
-    def loop(self) -> None:
-        self.trainer.train()
-
-    def step_began(self) -> None:
-        self.phase = {"generate": 0.0, "score": 0.0}
-        self.step_start = time.perf_counter()
-
-    def step_ended(self) -> None:
-        step = time.perf_counter() - self.step_start
-        m = self.trainer._metrics["train"]
-        self.step_done({**self.phase, "update": step - sum(self.phase.values()), "step": step,
-                        "reward": m["reward"][-1], "length": m["completions/mean_length"][-1],
-                        "zero_signal": m["frac_reward_zero_std"][-1]})
 
 
 def trl_config(cfg: TRLBenchConfig, seed: int, out_dir: Path):
@@ -409,22 +312,6 @@ def trl_config(cfg: TRLBenchConfig, seed: int, out_dir: Path):
     )
 
 
-def _trl_clock(arm: TRLArm):
-    from transformers import TrainerCallback
-
-    class Clock(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            arm.mark_start()  # after the trainer's own setup (optimizer, dataloader)
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            arm.step_began()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            arm.step_ended()
-
-    return Clock()
-
-
 # -- results ---------------------------------------------------------------------------------------
 
 def summarize(cfg: TRLBenchConfig, seeds: dict) -> dict:
@@ -433,7 +320,8 @@ def summarize(cfg: TRLBenchConfig, seeds: dict) -> dict:
     best = [e["accuracy"] for runs in seeds.values() for name in names
             for e in [max(runs[name]["evals"], key=lambda e: e["accuracy"])]]
     target = cfg.target if cfg.target is not None else min(best)
-    out: dict = {"target": target, "target_rule": "set" if cfg.target is not None else "min over seeds and arms of the best accuracy"}
+    out: dict = {"target": target, "target_rule": "set" if cfg.target is not None
+                 else "min over seeds and arms of the best accuracy"}
     for name in names:
         runs = [seeds[s][name] for s in seeds]
         steps = [r for run in runs for r in run["steps"]]
@@ -461,27 +349,22 @@ def _mean(xs: list[float]) -> float:
 
 
 def print_results(console, cfg: TRLBenchConfig, out: dict) -> None:
-    s = out["summary"]
-    names = [a for a in ARMS if a in cfg.arms]
-    table = Table(title=f"rollwise vs TRL GRPOTrainer, {cfg.workload} workload: seconds per step "
-                        f"(mean of {cfg.steps} steps x {len(cfg.seeds)} seeds, lockstep)")
-    for col in ("arm", "s/step", "generate", "score", "update", "other", "completion tokens", "zero-signal groups",
-                "to target (s)", "steps"):
-        table.add_column(col)
-    for name in names:
-        a = s[name]
-        to_s = ", ".join("-" if x is None else f"{x:.0f}" for x in a["to_target_seconds"])
-        to_n = ", ".join("-" if x is None else str(x) for x in a["to_target_steps"])
-        table.add_row(name, f"{a['loop']:.2f}", *(f"{a[k]:.2f}" for k in PHASES), f"{a['length']:.0f}",
-                      f"{a['zero_signal']:.0%}", to_s, to_n)
-    console.print(table)
-    acc = Table(title=f"greedy accuracy at equal steps (mean over seeds, {cfg.eval_size} held-out prompts)")
-    acc.add_column("arm")
-    for step in s[names[0]]["accuracy_at"]:
-        acc.add_column(str(step))
-    for name in names:
-        acc.add_row(name, *(f"{v:.1%}" for v in s[name]["accuracy_at"].values()))
-    console.print(acc)
+    s, names = out["summary"], [a for a in ARMS if a in cfg.arms]
+
+    def listed(xs, fmt):
+        return ", ".join("-" if x is None else fmt(x) for x in xs)
+
+    console.print(table(
+        f"rollwise vs TRL GRPOTrainer, {cfg.workload} workload: seconds per step (mean of {cfg.steps} steps x "
+        f"{len(cfg.seeds)} seeds, lockstep)",
+        ("arm", "s/step", "generate", "score", "update", "other", "completion tokens", "zero-signal groups",
+         "to target (s)", "steps"),
+        [[name, f"{a['loop']:.2f}", *(f"{a[k]:.2f}" for k in PHASES), f"{a['length']:.0f}", f"{a['zero_signal']:.0%}",
+          listed(a["to_target_seconds"], lambda x: f"{x:.0f}"), listed(a["to_target_steps"], str)]
+         for name, a in ((n, s[n]) for n in names)]))
+    console.print(table(f"greedy accuracy at equal steps (mean over seeds, {cfg.eval_size} held-out prompts)",
+                        ("arm", *map(str, s[names[0]]["accuracy_at"])),
+                        [[name, *(f"{v:.1%}" for v in s[name]["accuracy_at"].values())] for name in names]))
     console.print(f"target accuracy {s['target']:.1%} ({s['target_rule']})")
     if "step_ratio" in s:
         ratio = "n/a" if s["to_target_ratio"] is None else f"{s['to_target_ratio']:.2f}x"
@@ -491,7 +374,7 @@ def print_results(console, cfg: TRLBenchConfig, out: dict) -> None:
                       + f"; time to target {ratio}")
     for seed, runs in out["seeds"].items():
         if "rollwise" in runs:
-            own = runs["rollwise"]["own_evals"]
             common = {e["step"]: e["accuracy"] for e in runs["rollwise"]["evals"]}
             console.print(f"seed {seed}: rollwise's own evaluator " + ", ".join(
-                f"step {e['step']} {e['accuracy']:.1%} (common {common.get(e['step'], float('nan')):.1%})" for e in own))
+                f"step {e['step']} {e['accuracy']:.1%} (common {common.get(e['step'], float('nan')):.1%})"
+                for e in runs["rollwise"]["own_evals"]))

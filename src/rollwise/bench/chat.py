@@ -31,7 +31,8 @@ CHAT_WORKLOADS = ("smollm2", "smollm2_signal")
 # rollwise task.* overrides per workload (``task.eval_size`` is added by the caller)
 _TASKS = {
     "smollm2": ["task.name=reasoning_gym", "task.answer_format=answer_tag",
-                "task.datasets=[{name: chain_sum, config: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}}]"],
+                "task.datasets=[{name: chain_sum, config: {min_terms: 2, max_terms: 2, min_digits: 1, "
+                "max_digits: 2}}]"],
     "smollm2_signal": ["task.name=reasoning_gym", "task.answer_format=lenient",
                        "task.datasets=[{name: chain_sum, config: {min_terms: 2, max_terms: 2, min_digits: 1, "
                        "max_digits: 1}}]"],

@@ -22,9 +22,9 @@ import subprocess
 import time
 
 from pydantic import Field
-from rich.table import Table
 
-from rollwise.config import StrictModel, apply_overrides, validate
+from rollwise.bench.harness import load_settings, table
+from rollwise.config import StrictModel
 from rollwise.filter.sandbox import Job, SandboxConfig, SandboxPool
 
 
@@ -56,7 +56,7 @@ def _naive_rate(python: str, program: str, runs: int) -> float:
 
 
 def run_sandbox_bench(overrides: list[str] = (), console=None) -> dict:
-    cfg = validate(SandboxBenchConfig, apply_overrides({}, list(overrides)))
+    cfg = load_settings(SandboxBenchConfig, list(overrides))
     t0 = time.perf_counter()
     pool = SandboxPool(cfg.sandbox)
     startup_s = time.perf_counter() - t0
@@ -80,12 +80,11 @@ def run_sandbox_bench(overrides: list[str] = (), console=None) -> dict:
                "pool_startup_s": round(startup_s, 3), "pool_exec_s_repeats": [round(r, 1) for r in pool_rates],
                "naive_exec_s_repeats": [round(r, 1) for r in naive_rates]}
     if console:
-        table = Table(title=f"sandbox executions/s ({cfg.program!r}, median of {cfg.repeats})")
-        for col in ("side", "exec/s", "repeats"):
-            table.add_column(col)
-        table.add_row(f"pool ({workers} workers, sandboxed)", f"{pool_s:.0f}", ", ".join(f"{r:.0f}" for r in pool_rates))
-        table.add_row("subprocess.run per job (no sandbox)", f"{naive_s:.0f}",
-                      ", ".join(f"{r:.0f}" for r in naive_rates))
-        console.print(table)
+        console.print(table(f"sandbox executions/s ({cfg.program!r}, median of {cfg.repeats})",
+                            ("side", "exec/s", "repeats"),
+                            [[f"pool ({workers} workers, sandboxed)", f"{pool_s:.0f}",
+                              ", ".join(f"{r:.0f}" for r in pool_rates)],
+                             ["subprocess.run per job (no sandbox)", f"{naive_s:.0f}",
+                              ", ".join(f"{r:.0f}" for r in naive_rates)]], left=("repeats",)))
         console.print(f"ratio: {results['ratio']}× (pool start-up {startup_s:.2f}s, not timed)")
     return results

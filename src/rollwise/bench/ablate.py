@@ -62,21 +62,25 @@ RATIO_FIELDS = ("policy_loss", "importance_sampling_level", "epsilon", "epsilon_
                 "sapo_tau_neg", "prefix_ratio", "tis_mode", "tis_cap", "tis_cap_min")
 
 
+def distinct_presets() -> list[str]:
+    """Objective preset ids but ``grpo``, each preset once (an alias such as dapo_clip_higher = dapo: its first id)."""
+    from rollwise.optim.objective import PRESETS
+
+    seen: dict[int, str] = {}
+    for name, preset in PRESETS.items():
+        if name != "grpo":
+            seen.setdefault(id(preset), name)
+    return list(seen.values())
+
+
 def ratio_presets() -> list[str]:
     """Objective presets that differ from GRPO's resolved config in a ratio-only field (``RATIO_FIELDS``):
     the ones that can differ from an on-policy run only off-policy (aliases once)."""
-    from rollwise.optim.objective import PRESETS, ObjectiveConfig
+    from rollwise.optim.objective import ObjectiveConfig
 
     grpo = ObjectiveConfig(method="grpo").model_dump()
-    seen, out = set(), []
-    for name, preset in PRESETS.items():
-        if name == "grpo" or id(preset) in seen:
-            continue
-        seen.add(id(preset))
-        resolved = ObjectiveConfig(method=name).model_dump()
-        if any(resolved[f] != grpo[f] for f in RATIO_FIELDS):
-            out.append(name)
-    return out
+    return [name for name in distinct_presets()
+            if any(ObjectiveConfig(method=name).model_dump()[f] != grpo[f] for f in RATIO_FIELDS)]
 
 
 def default_arms(regimes: list[str] = ("epochs2", "async1")) -> list[str]:
@@ -84,15 +88,9 @@ def default_arms(regimes: list[str] = ("epochs2", "async1")) -> list[str]:
     ratio presets in each off-policy regime (``objective:<id>@<regime>``)."""
     from rollwise.control import CONTROLLERS
     from rollwise.generate import STRATEGIES
-    from rollwise.optim.objective import PRESETS
     from rollwise.replay import REPLAY_METHODS
 
-    seen, objectives = set(), []
-    for name, preset in PRESETS.items():  # aliases (dapo_clip_higher = dapo) once
-        if name != "grpo" and id(preset) not in seen:
-            seen.add(id(preset))
-            objectives.append(name)
-    return ([f"objective:{n}" for n in objectives] + [f"strategy:{n}" for n in STRATEGIES if n != "group"]
+    return ([f"objective:{n}" for n in distinct_presets()] + [f"strategy:{n}" for n in STRATEGIES if n != "group"]
             + [f"control:{n}" for n in CONTROLLERS if n != "none"]
             + [f"replay:{n}" for n in REPLAY_METHODS if n != "none"]
             + [f"objective:{n}@{r}" for r in regimes for n in ratio_presets()])

@@ -38,35 +38,28 @@ from typing import Literal
 
 from pydantic import Field
 
-from rollwise.bench.harness import (NOISE_FLOOR, departs_at, grid, load_settings, paired, ratio_cell, rl_sets,
-                                    seed_sets, session, table, threads_set, tokens_to_reach, train_run, warm_start,
-                                    write_json)
+from rollwise.bench.harness import (NOISE_FLOOR, GrpoBenchConfig, departs_at, grid, load_settings, paired,
+                                    ratio_cell, rl_sets, seed_sets, session, table, threads_set, tokens_to_reach,
+                                    train_run, warm_start, write_json)
 from rollwise.bench.ledger import delta
-from rollwise.config import ConfigError, StrictModel
+from rollwise.config import ConfigError
 
 REPLAY_ARMS = ("rollout_replay", "remix", "rorecomp")
 ARMS = ("sync", NOISE_FLOOR, "async1", "async2", *REPLAY_ARMS)
 KEEP = ("staleness/", "async/", "replay/", "time/", "tokens/generated")
 
 
-class AsyncBenchConfig(StrictModel):
-    """Settings of ``rollwise bench async`` (override with ``--set key=value``)."""
+class AsyncBenchConfig(GrpoBenchConfig):
+    """Settings of ``rollwise bench async`` (override with ``--set key=value``): the demo's arith."""
 
     arms: list[Literal[ARMS]] = Field(list(ARMS), min_length=1, description="arms to run (sync = the baseline)")
-    seeds: list[int] = Field([0, 1, 2, 3, 4], min_length=1, description="RL seeds per arm (the verdict's unit)")
     steps: int = Field(60, ge=1, description="trained steps per run (equal trained groups across arms)")
     replay_steps_factor: float = Field(
         2.0, ge=1, description="replay arms run this many times `steps` (replay samples fewer tokens per step: the "
         "longer run finds the tokens to the baseline's final accuracy); their equal-steps numbers are read at `steps`")
     eval_every: int = Field(10, ge=1, description="evaluate every N steps (and at the end); must divide `steps`")
-    eval_size: int = Field(200, ge=1, description="held-out prompts for greedy accuracy")
-    preset: str = Field("tiny", description="model preset (random init, then SFT)")
-    sft_steps: int = Field(500, ge=0, description="SFT warm-start steps (the demo's)")
     max_digits: int = Field(5, ge=1, description="arith operand digits up to this (the demo's)")
     max_new_tokens: int = Field(96, ge=1, description="completion limit (the demo's)")
-    num_generations: int = Field(8, ge=2, description="rollouts per prompt")
-    prompts_per_step: int = Field(16, ge=1, description="groups per step")
-    lr: float = Field(3e-5, gt=0, description="GRPO learning rate")
     sync_threads: int = Field(0, ge=0, description="torch threads of sync and replay arms (0 = every core)")
     async_threads: int = Field(0, ge=0, description="torch threads of each async side (0 = half the cores)")
 

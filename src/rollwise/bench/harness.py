@@ -96,7 +96,8 @@ def warm_start(out: Path, name: str, sets: list[str], console, recipe: str | Non
     return t.init_model_dir()
 
 
-def rl_sets(cfg, out: Path, name: str, seed: int, warm: Path, eval_every: int, steps: int = 100_000) -> list[str]:
+def rl_sets(cfg: GrpoBenchConfig, out: Path, name: str, seed: int, warm: Path, eval_every: int,
+            steps: int = 100_000) -> list[str]:
     """The lines every learning bench's RL run shares: from the warm start, ``cfg``'s groups
     (``num_generations``, ``prompts_per_step``) and ``lr``, evaluated every ``eval_every`` steps,
     no checkpoints, no logged samples (a token budget, not ``steps``, usually stops it)."""
@@ -107,24 +108,30 @@ def rl_sets(cfg, out: Path, name: str, seed: int, warm: Path, eval_every: int, s
             "train.checkpoint_every=0"]
 
 
-class TaskBenchConfig(StrictModel):
-    """The settings of the benches that train on ``arith`` and ``countdown`` to a generated-token
-    budget (``bench control``, ``bench ablate``): GRPO from one SFT warm start of a tiny preset per task."""
+class GrpoBenchConfig(StrictModel):
+    """The settings every learning bench shares: GRPO from one SFT warm start of a tiny preset,
+    ``seeds`` per arm, greedy accuracy on ``eval_size`` held-out prompts every ``eval_every`` steps."""
 
-    tasks: list[Literal["arith", "countdown"]] = Field(["arith", "countdown"], min_length=1, description="tasks")
     seeds: list[int] = Field([0, 1, 2, 3, 4], min_length=1, description="RL seeds per arm (the verdict's unit)")
-    noise_floor: bool = Field(True, description="also run the baseline with other sampling seeds, judged by the same "
-                              "rule: it must read 'no detectable difference'")
-    threads: int = Field(1, ge=0, description="torch threads (0 = torch's default)")
     preset: str = Field("tiny", description="model preset (random init, then SFT)")
-    sft_steps: int = Field(500, ge=0, description="SFT warm-start steps per task")
-    tokens: int = Field(100_000, ge=1, description="arith: generated-token budget of every run")
-    countdown_tokens: int = Field(80_000, ge=1, description="countdown: generated-token budget of every run")
+    sft_steps: int = Field(500, ge=0, description="SFT warm-start steps (per task)")
     num_generations: int = Field(8, ge=2, description="rollouts per prompt (the budget per prompt)")
     prompts_per_step: int = Field(16, ge=1, description="groups per step")
     lr: float = Field(3e-5, gt=0, description="GRPO learning rate")
     eval_every: int = Field(4, ge=1, description="evaluate every N steps (and at the end)")
     eval_size: int = Field(200, ge=1, description="held-out prompts for greedy accuracy")
+
+
+class TaskBenchConfig(GrpoBenchConfig):
+    """The learning benches on ``arith`` and ``countdown`` to a generated-token budget per run
+    (``bench control``, ``bench ablate``)."""
+
+    tasks: list[Literal["arith", "countdown"]] = Field(["arith", "countdown"], min_length=1, description="tasks")
+    noise_floor: bool = Field(True, description="also run the baseline with other sampling seeds, judged by the same "
+                              "rule: it must read 'no detectable difference'")
+    threads: int = Field(1, ge=0, description="torch threads (0 = torch's default)")
+    tokens: int = Field(100_000, ge=1, description="arith: generated-token budget of every run")
+    countdown_tokens: int = Field(80_000, ge=1, description="countdown: generated-token budget of every run")
     arith_max_digits: int = Field(5, ge=1, description="arith: operand digits up to this (the demo's mix)")
     arith_max_new_tokens: int = Field(96, ge=1, description="arith completion limit")
     countdown_max_new_tokens: int = Field(32, ge=1, description="countdown completion limit")

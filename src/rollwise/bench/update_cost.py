@@ -121,25 +121,14 @@ def print_throughput(console, out: dict) -> None:
 
 
 def chat_batch(vocab: int, rows: int, group: int, prompt: int, completion: int, seed: int = 0):
-    """A TrainBatch of random tokens shaped like chat rollouts: each group of ``group`` rows
-    repeats one ``prompt``-token prompt before completions of ``completion`` tokens on average;
-    advantages ±1 by alternating groups (every row carries signal)."""
-    from rollwise.optim.batch import TrainBatch
-
+    """Random tokens shaped like chat rollouts, as a ``signal_batch``: each group of ``group`` rows
+    repeats one ``prompt``-token prompt before completions of ``completion`` tokens on average."""
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(max(1, completion // 2), completion * 3 // 2 + 1, (rows,), generator=gen)
-    width = prompt + int(lengths.max())
-    ids = torch.randint(3, vocab, (rows, width), generator=gen)
+    ids = torch.randint(3, vocab, (rows, prompt + int(lengths.max())), generator=gen)
     prompts = torch.randint(3, vocab, ((rows + group - 1) // group, prompt), generator=gen)
-    ids[:, :prompt] = prompts.repeat_interleave(group, 0)[:rows]
-    attn = (torch.arange(width)[None] < prompt + lengths[:, None]).long()
-    completion_mask = attn[:, 1:].float()
-    completion_mask[:, : prompt - 1] = 0
-    sign = torch.where((torch.arange(rows) // group) % 2 == 0, 1.0, -1.0)[:, None]
-    return TrainBatch(input_ids=ids * attn, attention_mask=attn, completion_mask=completion_mask,
-                      loss_weights=completion_mask.clone(), behavior_logprobs=-2.0 * completion_mask,
-                      advantages=sign * completion_mask, rewards=torch.zeros(rows),
-                      group_ids=torch.arange(rows) // group)
+    return signal_batch([(prompts[r // group].tolist(), ids[r, prompt : prompt + int(lengths[r])].tolist())
+                         for r in range(rows)], 0, group)
 
 
 def shared(cfg, console) -> dict:

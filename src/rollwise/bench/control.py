@@ -3,7 +3,7 @@
 For each task (``arith``, ``countdown``) one warm start (SFT of the ``tiny`` preset, seed 0)
 is shared by every arm. Each arm — ``none`` (the ``group`` baseline) and each controller —
 runs GRPO from it for every seed in ``seeds`` until the engine has sampled ``tokens``
-tokens (``Until(generated_tokens=...)``), evaluating greedy accuracy on the held-out split
+tokens (``RunLimits(generated_tokens=...)``), evaluating greedy accuracy on the held-out split
 every ``eval_every`` steps and at the end. Arms and seeds alternate in one process, so they
 share the machine's state.
 

@@ -205,7 +205,8 @@ def train_run(sets: list[str], console, label: str, tokens: int | None = None, k
     tokens (None: the config's own ``train`` limits), showing ``label`` and the progress.
     ``keep``: the step metrics to record, by name or by prefix (ending in ``/``)."""
     from rollwise.train.config import load_run_config
-    from rollwise.train.loop import Trainer, Until
+    from rollwise.train.loop import Trainer
+    from rollwise.train.state import RunLimits
 
     prefixes = tuple(k for k in keep if k.endswith("/"))
     evals, trace, steps = [], [], []
@@ -224,8 +225,8 @@ def train_run(sets: list[str], console, label: str, tokens: int | None = None, k
             budget = f"/{tokens:,}" if tokens else ""
             status.update(f"{label}, step {step}, {state.generated_tokens:,}{budget} tokens")
 
-        until = Until(generated_tokens=tokens) if tokens else None
-        summary = trainer.fit(until, on_step=on_step, on_eval=on_eval)
+        limits = RunLimits(generated_tokens=tokens) if tokens else None
+        summary = trainer.fit(limits, on_step=on_step, on_eval=on_eval)
     return Run(summary, evals, trace, steps, time.perf_counter() - start)
 
 

@@ -15,7 +15,7 @@ from rollwise.types import Prompt
 
 
 class RollwiseArm(Arm):
-    """rollwise through its public API: ``Trainer(cfg)``, ``prepare()``, ``fit(Until(steps=N))``."""
+    """rollwise through its public API: ``Trainer(cfg)``, ``prepare()``, ``fit(RunLimits(steps=N))``."""
 
     name = "rollwise"
 
@@ -30,7 +30,7 @@ class RollwiseArm(Arm):
         self.rng = rng_state()
 
     def loop(self) -> None:
-        from rollwise.train.loop import Until
+        from rollwise.train.state import RunLimits
 
         def on_eval(step: int, result) -> None:
             self.own_evals.append({"step": step, "accuracy": result.accuracy})
@@ -43,7 +43,7 @@ class RollwiseArm(Arm):
                             "zero_signal": m["groups/zero_signal"]})
 
         with self.trainer:
-            self.trainer.fit(Until(steps=self.last_step), on_step=on_step, on_eval=on_eval)
+            self.trainer.fit(RunLimits(steps=self.last_step), on_step=on_step, on_eval=on_eval)
 
     def result(self) -> dict:
         return super().result() | {"own_evals": self.own_evals}

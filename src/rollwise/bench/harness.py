@@ -43,69 +43,10 @@ NOISE_FLOOR = "noise_floor"  # the baseline again, sampling with sampling_seed =
 NOISE_SEED_OFFSET = 1_000
 
 
+# -- settings ----------------------------------------------------------------------------------
 def load_settings(model, overrides: list[str], defaults: dict | None = None):
     """A bench's settings: ``defaults`` (none: the model's own), then the ``--set`` lines."""
     return validate(model, apply_overrides(dict(defaults or {}), list(overrides)))
-
-
-@contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' logging, its progress bars and Python warnings (restored after)."""
-    from transformers.utils import logging as hf_logging
-
-    old = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()  # "Loading weights" bars would scroll the bench's own status away
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(old)
-        hf_logging.enable_progress_bar()
-
-
-@contextmanager
-def session(threads: int = 0) -> Iterator[Path]:
-    """A bench's session: transformers quiet, the global RNGs forked (the caller's state comes back),
-    torch at ``threads`` (0 = as it is; restored after); yields a scratch directory."""
-    saved = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        with quiet_transformers(), torch.random.fork_rng(), tempfile.TemporaryDirectory() as tmp:
-            yield Path(tmp)
-    finally:
-        torch.set_num_threads(saved)
-
-
-def threads_set() -> str:
-    """The config line that keeps a run at this process's torch thread count."""
-    return f"model.threads={torch.get_num_threads()}"
-
-
-def warm_start(out: Path, name: str, sets: list[str], console, recipe: str | None = None) -> Path:
-    """The SFT warm start: a run of ``sets`` (with ``sft.*``) that takes no RL step, in ``out/name``;
-    returns the directory of the weights it ends with (the arms' ``model.path``)."""
-    from rollwise.train.config import load_run_config
-    from rollwise.train.loop import Trainer
-
-    with console.status(f"{name}: SFT warm start"):
-        with Trainer(load_run_config(recipe, [f"output_dir={out}", f"name={name}", *sets, "train.steps=0"])) as t:
-            t.prepare()
-    return t.init_model_dir()
-
-
-def rl_sets(cfg: GrpoBenchConfig, out: Path, name: str, seed: int, warm: Path, eval_every: int,
-            steps: int = 100_000) -> list[str]:
-    """The lines every learning bench's RL run shares: from the warm start, ``cfg``'s groups
-    (``num_generations``, ``prompts_per_step``) and ``lr``, evaluated every ``eval_every`` steps,
-    no checkpoints, no logged samples (a token budget, not ``steps``, usually stops it)."""
-    return [f"output_dir={out}", f"name={name}", f"seed={seed}", f"model.path={warm}", "sft.steps=0",
-            f"rollout.num_generations={cfg.num_generations}", f"rollout.prompts_per_step={cfg.prompts_per_step}",
-            f"optim.lr={cfg.lr}", "optim.micro_batch_size=128", f"train.steps={steps}",
-            f"train.eval_every={eval_every}", "train.eval_samples=0", "train.log_samples=0",
-            "train.checkpoint_every=0"]
 
 
 class GrpoBenchConfig(StrictModel):
@@ -152,10 +93,83 @@ def task_sets(cfg: TaskBenchConfig, task: str) -> list[str]:
             f"rollout.max_new_tokens={cfg.countdown_max_new_tokens}"]
 
 
+# -- a session ---------------------------------------------------------------------------------
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' logging, its progress bars and Python warnings (restored after)."""
+    from transformers.utils import logging as hf_logging
+
+    old = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # "Loading weights" bars would scroll the bench's own status away
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(old)
+        hf_logging.enable_progress_bar()
+
+
+@contextmanager
+def session(threads: int = 0) -> Iterator[Path]:
+    """A bench's session: transformers quiet, the global RNGs forked (the caller's state comes back),
+    torch at ``threads`` (0 = as it is; restored after); yields a scratch directory."""
+    saved = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        with quiet_transformers(), torch.random.fork_rng(), tempfile.TemporaryDirectory() as tmp:
+            yield Path(tmp)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def in_child(function: str, args: dict) -> dict:
+    """``module:function(**args)`` called in a fresh interpreter (peak memory is per process); its
+    JSON result (the last line it prints)."""
+    module, name = function.split(":")
+    code = f"import json; from {module} import {name}; print(json.dumps({name}(**json.loads({json.dumps(args)!r}))))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{function} failed in a fresh process:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# -- runs --------------------------------------------------------------------------------------
+def threads_set() -> str:
+    """The config line that keeps a run at this process's torch thread count."""
+    return f"model.threads={torch.get_num_threads()}"
+
+
+def warm_start(out: Path, name: str, sets: list[str], console, recipe: str | None = None) -> Path:
+    """The SFT warm start: a run of ``sets`` (with ``sft.*``) that takes no RL step, in ``out/name``;
+    returns the directory of the weights it ends with (the arms' ``model.path``)."""
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+
+    with console.status(f"{name}: SFT warm start"):
+        with Trainer(load_run_config(recipe, [f"output_dir={out}", f"name={name}", *sets, "train.steps=0"])) as t:
+            t.prepare()
+    return t.init_model_dir()
+
+
 def task_warm_start(cfg: TaskBenchConfig, task: str, out: Path, console) -> Path:
     """The SFT warm start of ``task`` (seed 0) every arm of a task bench starts from, in ``out/warm_<task>``."""
     return warm_start(out, f"warm_{task}", ["seed=0", f"model.preset={cfg.preset}", *task_sets(cfg, task),
                                             f"sft.steps={cfg.sft_steps}", threads_set()], console)
+
+
+def rl_sets(cfg: GrpoBenchConfig, out: Path, name: str, seed: int, warm: Path, eval_every: int,
+            steps: int = 100_000) -> list[str]:
+    """The lines every learning bench's RL run shares: from the warm start, ``cfg``'s groups
+    (``num_generations``, ``prompts_per_step``) and ``lr``, evaluated every ``eval_every`` steps,
+    no checkpoints, no logged samples (a token budget, not ``steps``, usually stops it)."""
+    return [f"output_dir={out}", f"name={name}", f"seed={seed}", f"model.path={warm}", "sft.steps=0",
+            f"rollout.num_generations={cfg.num_generations}", f"rollout.prompts_per_step={cfg.prompts_per_step}",
+            f"optim.lr={cfg.lr}", "optim.micro_batch_size=128", f"train.steps={steps}",
+            f"train.eval_every={eval_every}", "train.eval_samples=0", "train.log_samples=0",
+            "train.checkpoint_every=0"]
 
 
 def seed_sets(arm: str, seed: int) -> list[str]:
@@ -230,7 +244,7 @@ def train_run(sets: list[str], console, label: str, tokens: int | None = None, k
     return Run(summary, evals, trace, steps, time.perf_counter() - start)
 
 
-# -- arms against their baseline ------------------------------------------------------------
+# -- arms against their baseline ---------------------------------------------------------------
 def paired(mine: Mapping[int, dict], base: Mapping[int, dict], correct: Callable[[dict], str | None]) -> dict:
     """The arm's effect against the baseline on the seeds both ran (``{seed: run}``), paired by seed
     and prompt (``rollwise.bench.stats.paired_effect``; ``seeds`` left out); {} when a run has no
@@ -273,18 +287,7 @@ def tokens_ratios(mine: Mapping[int, dict], base: Mapping[int, dict]) -> list[fl
     return out
 
 
-def in_child(function: str, args: dict) -> dict:
-    """``module:function(**args)`` called in a fresh interpreter (peak memory is per process); its
-    JSON result (the last line it prints)."""
-    module, name = function.split(":")
-    code = f"import json; from {module} import {name}; print(json.dumps({name}(**json.loads({json.dumps(args)!r}))))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"{function} failed in a fresh process:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-# -- output ----------------------------------------------------------------------------------
+# -- output ------------------------------------------------------------------------------------
 def write_json(path: Path | None, results: dict) -> None:
     """Write ``results`` to ``--json`` (nothing without one); a long bench calls it after every run."""
     if path is not None:

@@ -59,7 +59,6 @@ from rollwise.train.sft import sft
 from rollwise.train.state import RunLimits, TrainState, run_summary
 from rollwise.types import Prompt, RolloutGroup
 
-Until = RunLimits  # the old name, while bench/ moves to RunLimits
 Collected = ScoredBatch  # the old name: pipeline.pt files written before the rename unpickle through it
 
 

@@ -220,8 +220,9 @@ def _off_policy_note(method: str) -> str:
 
 def _report(results: dict, json_path: Path | None) -> None:
     """A benchmark's results to ``--json`` (its tables are already printed)."""
-    if json_path:
-        json_path.write_text(json.dumps(results, indent=2))
+    from rollwise.bench.harness import write_json
+
+    write_json(json_path, results)
 
 
 @bench_app.command("engine")

@@ -212,7 +212,8 @@ def test_the_docs_example_recipe_builds():
     from rollwise.train.config import RunConfig
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "tasks.md").read_text()
-    recipe = yaml.safe_load(re.search(r"```yaml\n(.*?)```", text, re.S).group(1))
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+    recipe = next(b for b in blocks if b.get("task", {}).get("name") == "reasoning_gym")
     task = validate(RunConfig, recipe).task.build(0)
     assert len(task.eval) == 200 and {p.columns["dataset"] for p in task.eval} == {"chain_sum", "leg_counting",
                                                                                    "gsm_symbolic"}

@@ -97,4 +97,4 @@ def test_the_trainer_runs_dapo_with_dynamic_sampling(tmp_path):
     from rollwise.train.loop import Trainer
 
     with Trainer(cfg(f"output_dir={tmp_path}", "model.threads=1", "objective.method=dapo")) as t:
-        assert t.controller.name == "dynamic_sampling" and t.controller.refills
+        assert t.controller.name == "dynamic_sampling" and t.controller.refills_dropped_groups

@@ -88,7 +88,7 @@ def auc(scores: list[float], labels: list[bool]) -> float:
 
 class Arrol(Controller):
     name = "arrol"
-    prunes = True  # the trainer generates with generate/pruned.py, this controller as its pruner
+    prunes_in_generation = True  # the trainer generates with generate/pruned.py, this controller as its pruner
 
     def __init__(self, cfg: ArrolConfig, max_new_tokens: int = 128, **kw) -> None:
         super().__init__(**kw)

@@ -16,7 +16,7 @@ The loop calls a controller at fixed points of a step:
   last rollout is never stopped). Every built-in controller continues everything (``arrol``
   prunes with its own per-prompt balanced choice, ``generate/pruned.py``);
 - ``accept(group) -> bool``: per finished, scored group; the loop refills the batch with fresh
-  prompts for the groups it drops (``refills``: dynamic sampling).
+  prompts for the groups it drops (``refills_dropped_groups``: dynamic sampling).
 
 Both kinds of extra round are capped (``max_rounds`` per controller, never above
 ``ROUND_CAP``): no controller can sample forever.
@@ -79,8 +79,8 @@ class Controller:
 
     name = "none"
     max_rounds = 0  # extra rounds (extend + refill) this controller may run per step
-    refills = False  # accept() may drop groups, and the loop refills them with fresh prompts
-    prunes = False  # prunes inside generation: the trainer samples with generate/pruned.py, this as its pruner
+    refills_dropped_groups = False  # accept() may drop groups, and the loop refills them with fresh prompts
+    prunes_in_generation = False  # prunes inside generation: the trainer samples with generate/pruned.py, this as its pruner
 
     def __init__(self, seed: int = 0, num_generations: int = 8) -> None:
         self.seed = seed
@@ -89,7 +89,7 @@ class Controller:
 
     # -- hooks ------------------------------------------------------------------------------
     def select_prompts(self, source: PromptCursor, stats: PromptStats, n: int) -> list[Prompt]:
-        return source.fresh(n, stats if self.tracks_pool else None)
+        return source.fresh(n)
 
     def allocate(self, prompts: list[Prompt], stats: PromptStats, budget: int) -> list[int]:
         return equal_split(budget, len(prompts))
@@ -107,16 +107,15 @@ class Controller:
     continue_every = 0  # tokens between should_continue calls on one rollout (0: never called)
 
     @property
-    def gates(self) -> bool:
+    def asks_should_continue(self) -> bool:
         """Whether generation must ask ``should_continue`` at segment boundaries."""
         return self.continue_every > 0 and type(self).should_continue is not Controller.should_continue
 
     @property
-    def extends(self) -> bool:
+    def runs_extend_rounds(self) -> bool:
         """Whether this controller runs extra rounds for prompts already sampled (``extend``)."""
         return self.max_rounds > 0 and type(self).extend is not Controller.extend
 
-    tracks_pool = False  # selectors draw seen prompts again: the stream index of each is kept
     update_passes = 1  # optimizer passes over the step's batch this controller asks at least (DARS-B's breadth)
 
     def observe_step(self, groups: list[RolloutGroup], stats: PromptStats) -> None:

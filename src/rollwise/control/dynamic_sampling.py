@@ -44,7 +44,7 @@ def informative(rewards: list[float]) -> bool:
 
 class DynamicSampling(Controller):
     name = "dynamic_sampling"
-    refills = True
+    refills_dropped_groups = True
 
     def __init__(self, cfg: DynamicSamplingConfig, **kw) -> None:
         super().__init__(**kw)

@@ -46,7 +46,7 @@ def extend_rounds(controller: Controller, stats: PromptStats, groups: list[Rollo
         remaining = max(0, remaining - sum(extra))
         rollouts += sum(extra)
         tokens += sampled
-    if not controller.extends:  # a controller that never extends logs nothing
+    if not controller.runs_extend_rounds:  # a controller that never extends logs nothing
         return {}
     return {"control/extend_rounds": float(rounds), "control/extend_rollouts": float(rollouts),
             "control/extend_tokens": float(tokens)}
@@ -62,7 +62,7 @@ def accept_and_refill(controller: Controller, stats: PromptStats, source: Prompt
     """
     kept = [g for g in groups if controller.accept(g)]
     dropped = len(groups) - len(kept)
-    if not controller.refills:
+    if not controller.refills_dropped_groups:
         return (kept or groups), ({"control/dropped_groups": float(dropped)} if dropped else {})
     rounds = tokens = 0
     last = groups
@@ -93,7 +93,7 @@ class PromptPrefixes:
 
     def __init__(self, controller: Controller, engine, n: int) -> None:
         self.engine, self.n = engine, n
-        self.active = controller.extends and hasattr(engine, "keep_prefixes")
+        self.active = controller.runs_extend_rounds and hasattr(engine, "keep_prefixes")
         self.reused: int | None = None
 
     def __enter__(self) -> "PromptPrefixes":

@@ -75,7 +75,7 @@ def check_workers(cfg, controller) -> None:
     """``rollout.workers`` generate apart from the driver: refuse what needs the driver inside generation."""
     if not cfg.rollout.workers:
         return
-    if controller.prunes or controller.gates:
+    if controller.prunes_in_generation or controller.asks_should_continue:
         raise ConfigError(f"control.method={cfg.control.method} stops rollouts inside generation, on the "
                           "driver's controller; rollout workers generate apart from it — set rollout.workers=0 "
                           "or choose a controller that selects or allocates (`rollwise list controllers`)")

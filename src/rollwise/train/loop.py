@@ -112,8 +112,8 @@ class Trainer:
         overrides ``should_continue`` is asked at every ``continue_every`` tokens of a rollout."""
         check_workers(self.cfg, controller)
         self.controller = controller
-        pruner = controller if controller.prunes else None  # arrol prunes inside generation
-        gate = (lambda partial: controller.should_continue(partial, self.stats)) if controller.gates else None
+        pruner = controller if controller.prunes_in_generation else None  # arrol prunes inside generation
+        gate = (lambda partial: controller.should_continue(partial, self.stats)) if controller.asks_should_continue else None
         self.generator = build_generator(self.cfg.rollout, self.sampling, self.decode, pruner=pruner, gate=gate,
                                          gate_every=controller.continue_every)
 

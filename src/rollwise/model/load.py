@@ -19,6 +19,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class ModelConfig(StrictModel):
+    """The policy: a tiny preset, a local HF directory or a GGUF file, its dtype, device and threads, LoRA."""
+
     path: str | None = Field(None, description="local Hugging Face model directory or .gguf file, or "
                              "'pkg:<package>/<file or dir>' inside an installed package; null = build `preset`")
     preset: Literal[tuple(PRESETS)] = Field("tiny", description="tiny preset built when `path` is null")

@@ -92,6 +92,8 @@ Advantage = Literal["group", "rloo", "reinforce_pp", "median", "drpo"]
 
 
 class ObjectiveConfig(StrictModel):
+    """The loss: advantage estimator, policy-gradient surrogate, KL and off-policy weighting (a preset fills the rest)."""
+
     method: Literal[tuple(PRESETS)] = Field("grpo", description="preset of the fields below (`rollwise list objectives`)")
     advantage: Advantage = Field("group", description="estimator: group (GRPO, with scale_rewards), rloo, "
                                  "reinforce_pp (REINFORCE++-baseline), median (MC-GRPO: sample G+1), drpo")

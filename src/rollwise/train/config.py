@@ -29,6 +29,8 @@ from rollwise.train.metrics import check_loggers
 
 
 class SFTConfig(StrictModel):
+    """The supervised warm start on the task's demonstrations before RL (0 steps = none)."""
+
     steps: int = Field(0, ge=0, description="supervised warm-start steps on the task's demonstrations (0 = none)")
     batch_size: int = Field(64, ge=1, description="demonstrations per SFT step")
     lr: float = Field(1e-3, gt=0, description="SFT learning rate (AdamW, linear warmup then constant)")
@@ -44,6 +46,8 @@ class WorkerResources(StrictModel):
 
 
 class RolloutConfig(StrictModel):
+    """How rollouts are sampled: strategy, group size, prompts per step, sampling settings, engine, workers."""
+
     strategy: Literal[tuple(STRATEGIES)] = Field("group",
                                                  description="how rollouts are shaped (`rollwise list strategies`)")
     num_generations: int = Field(8, ge=1, description="rollouts per prompt (TRL's num_generations)")
@@ -71,6 +75,8 @@ class RolloutConfig(StrictModel):
 
 
 class OptimConfig(StrictModel):
+    """The optimizer and the update: AdamW, schedule, micro-batches, passes, the packed forward."""
+
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
@@ -96,6 +102,8 @@ class OptimConfig(StrictModel):
 
 
 class TrainConfig(StrictModel):
+    """The run: its limits (steps, minutes, tokens), evals, checkpoints, logging, sync or async."""
+
     steps: int = Field(100, ge=0, description="RL steps")
     eval_every: int = Field(25, ge=0, description="evaluate every N steps (0 = only at start and end)")
     eval_size: int | None = Field(None, ge=1, description="cap on eval prompts (null = the task's whole eval split)")

@@ -114,3 +114,17 @@ def test_packing_places_every_token_once(lengths, extra):
     bins = pack(lengths, p.capacity)
     assert all(sum(lengths[r] for r in b) <= p.capacity for b in bins)
     assert sorted(r for b in bins for r in b) == list(range(len(lengths)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_packed_runs_below_float32_as_hf_does(dtype):
+    """torch has no bfloat16 complex: below float32 RoPE runs in real arithmetic, rounded as HF rounds it."""
+    model = _llama_untied().to(dtype)
+    ids, attn, scored = _batch(model.config.vocab_size, [11, 4, 9, 3, 7, 12])
+    with torch.no_grad():
+        hf, _ = token_logprobs_and_entropy(model, ids, attn)
+        packed, _ = PackedForward(model).logprobs(ids, attn, scored)
+    assert packed.dtype == torch.float32 or packed.dtype == dtype
+    # a low-precision forward summed in another order: agreement to the format's precision, not bits
+    torch.testing.assert_close(packed.float() * scored, hf.float() * scored, rtol=0, atol=0.05)
+    assert (packed.float() * scored != 0).sum() == scored.sum()

@@ -240,6 +240,14 @@ def _split(unit: tuple[int, list[int]], lengths: list[int], capacity: int) -> li
     return [(prompt, [rows[i] for i in part]) for part in parts]
 
 
+def _rotate(pairs: torch.Tensor, cis: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on feature pairs ``[N, heads, hd/2, 2]`` (a, b) -> (a·cos − b·sin, a·sin + b·cos)."""
+    if cis is not None:
+        return torch.view_as_real(torch.view_as_complex(pairs) * cis)
+    a, b = pairs[..., 0], pairs[..., 1]
+    return torch.stack((a * cos - b * sin, b * cos + a * sin), dim=-1)
+
+
 class PackedForward:
     """Hidden states of packed sequences through a Llama-family HF module, differentiable."""
 
@@ -268,7 +276,10 @@ class PackedForward:
         H, Hkv, G, hd = f.n_heads, f.n_kv_heads, f.groups, f.head_dim
         n, half = len(packing.dest), hd // 2
         x = F.embedding(input_ids[packing.rows, packing.cols], f.embed)  # [N, D]
-        cis = torch.complex(f._cos[:, :half], f._sin[:, half:])[packing.cols][:, None]  # [N, 1, hd/2]
+        cos, sin = f._cos[packing.cols, :half][:, None], f._sin[packing.cols, half:][:, None]  # [N, 1, hd/2]
+        # float32/64: one complex multiply; torch has no bfloat16 complex, so below float32 the same
+        # rotation in real arithmetic, rounded op by op as HF's q*cos + rotate_half(q)*sin
+        cis = torch.complex(cos, sin) if f.dtype in (torch.float32, torch.float64) else None
         pairs = _rope_pairs(H + Hkv, hd, qkv_rows=(H + 2 * Hkv) * hd, device=x.device)
         masks = {w: packing.attention_bias(w, G, f.dtype) for w in f.windows}
 
@@ -286,8 +297,8 @@ class PackedForward:
                 qkv = qkv + torch.cat(deltas, dim=-1)[:, pairs]
             # RoPE on q and k at once, as one complex multiply: their rows were reordered so that
             # features i and i + hd/2 of a head (the pair HF's rotate_half mixes) sit side by side
-            qk = torch.view_as_complex(qkv[:, : (H + Hkv) * hd].reshape(n, H + Hkv, half, 2)) * cis
-            qk = to_bins(torch.view_as_real(qk).view(n, (H + Hkv) * hd), H + Hkv)  # [nb, H + Hkv, C, hd]
+            qk = _rotate(qkv[:, : (H + Hkv) * hd].reshape(n, H + Hkv, half, 2), cis, cos, sin)
+            qk = to_bins(qk.view(n, (H + Hkv) * hd), H + Hkv)  # [nb, H + Hkv, C, hd]
             q, k = qk[:, :H], qk[:, H:]  # the same reordering in q and k: q·k is unchanged
             v = to_bins(qkv[:, (H + Hkv) * hd :], Hkv)  # [nb, Hkv, C, hd]
             o = F.scaled_dot_product_attention(q.reshape(nb, Hkv, G * C, hd), k, v, attn_mask=masks[layer.window],

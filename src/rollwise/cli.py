@@ -89,7 +89,7 @@ def sft(
     from rollwise.model.load import load_model_and_tokenizer
     from rollwise.model.lora import merge_into_base
     from rollwise.train.config import load_run_config
-    from rollwise.train.loop import seed_everything
+    from rollwise.train.build import seed_everything
     from rollwise.train.sft import sft as run_sft
 
     cfg = load_run_config(str(recipe) if recipe else None, set_ or [])
@@ -196,7 +196,7 @@ def plain_summary(doc: str | None) -> str:
 
 def _objective_row(method: str, preset: dict) -> str:
     """A preset's fields, the other sections it fills (dapo: control.method) and its off-policy note."""
-    from rollwise.train.config import PRESET_SECTIONS
+    from rollwise.optim.objective import PRESET_SECTIONS
 
     fields = [f"{k}={v}" for k, v in preset.items()]
     for section, fill in PRESET_SECTIONS.get(method, {}).items():

@@ -71,6 +71,20 @@ class Prompt:
         return cols
 
 
+@dataclass(frozen=True)
+class Turn:
+    """One action of a multi-turn episode (``Rollout.turns``): the model sampled
+    ``completion_ids[start:end]`` in this turn, from the state the environment identified by
+    ``state`` (a key equal across episodes exactly when the state is the same: GiGPO's anchor
+    states; None = the environment gives none). ``reward`` is the step reward the environment
+    gave this action (0 when only the episode is scored)."""
+
+    start: int
+    end: int
+    state: str | None = None
+    reward: float = 0.0
+
+
 @dataclass
 class Rollout:
     """One sampled completion of a prompt, carried through Filter, Control, Replay, Optimize.
@@ -101,6 +115,9 @@ class Rollout:
     # per-token loss weight: 0 = not trained (a forced token; a tree prefix trained in another
     # leaf), k = stands for k rollouts (a tree node shared by k leaves, trained once); None = all 1
     loss_weights: list[int] | None = None
+    # multi-turn episodes (rollout.environment): the model's turns, in order; the ids between them were
+    # inserted by the environment (tool results, feedback) and carry loss weight 0. None = a single completion
+    turns: list[Turn] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -111,6 +128,8 @@ class Rollout:
             )
         if self.loss_weights is not None and len(self.loss_weights) != n:
             raise ValueError(f"Rollout loss_weights has {len(self.loss_weights)} entries for {n} completion ids")
+        if self.turns is not None:  # from a checkpoint (asdict): dicts back to Turn
+            self.turns = [t if isinstance(t, Turn) else Turn(**t) for t in self.turns]
 
     @property
     def num_tokens(self) -> int:

@@ -28,16 +28,31 @@
   rollouts, wrong ones get −p and correct ones (1 − p)·|P|·softmax_P(−|y|/mean_P|y|), so a long
   correct answer is never pushed below zero by a length preference and Σ A = 0.
 
+- ``gigpo``: GiGPO ("Group-in-Group Policy Optimization for LLM Agent Training", Feng et al.,
+  2025) for multi-turn episodes: A = A^E + A^S. A^E is GRPO over the episodes' rewards; A^S
+  z-scores a turn's discounted return R_t = r_t + γ·R_{t+1} among the turns of the same group
+  taken from the same anchor state (an environment-given key; groups of ≥ 2, else 0). The
+  paper puts the episode's final reward on its last step; we add ``Rollout.reward`` (the
+  verifiers' total) to the last turn's step reward, so R_{T-1} = r_{T-1} + reward. Our
+  departures: A^E is computed from ``Rollout.reward`` alone (the paper's episode return is the
+  sum of its step rewards: the same when step rewards are 0), and follows ``scale_rewards``;
+  A^S always divides by the anchor group's Bessel std + 1e-6 (Eq. 7 with F_norm = std; the
+  authors' verl-agent code also offers mean-centring only, ``mode: mean_norm``); ω = 1; no
+  similarity-based grouping (states group only when their keys are equal). A^S is the one
+  term that can move a group whose episode rewards are all equal (step rewards, or γ
+  favouring the shorter path to the same reward).
+
 std is Bessel-corrected (METHODS.md conventions); a group of one has std 0 and advantage 0.
 Statistics are computed in float64, and a group whose rewards do not spread (std at most
 ``ZERO_STD`` relative to the rewards' magnitude: equal rewards, up to rounding) gets exactly
-zero advantage from every group-centred estimator, whatever the dtype of the rewards: dividing
-a mean's rounding error by ``std + eps`` would otherwise turn "no signal" into a large
-advantage (float32 rewards of 0.7 × 8 gave 0.056 per rollout).
+zero advantage from every group-centred estimator (GiGPO's A^E included), whatever the dtype
+of the rewards: dividing a mean's rounding error by ``std + eps`` would otherwise turn "no
+signal" into a large advantage (float32 rewards of 0.7 × 8 gave 0.056 per rollout).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -222,3 +237,71 @@ def drpo_advantages(correct: torch.Tensor, lengths: torch.Tensor, group_ids: tor
         logits = -pos_len / mean_len if mean_len > 0 else torch.zeros_like(pos_len)
         out[ix[correct]] = (1 - p) * n_pos * torch.softmax(logits, 0)
     return out.to(torch.get_default_dtype())
+
+
+def discounted_returns(step_rewards: list[float], final_reward: float, gamma: float) -> list[float]:
+    """GiGPO's per-turn returns R_t = r_t + γ·R_{t+1}, the episode's ``final_reward`` added to the
+    last turn's step reward: R_{T-1} = r_{T-1} + final_reward.
+
+    >>> discounted_returns([0.0, -0.25, 0.0], 1.0, 0.5)
+    [0.125, 0.25, 1.0]
+    """
+    returns = [float(r) for r in step_rewards]
+    if returns:
+        returns[-1] += float(final_reward)
+    for t in range(len(returns) - 2, -1, -1):
+        returns[t] += gamma * returns[t + 1]
+    return returns
+
+
+def anchor_advantages(returns: list[float], states: list[str | None]) -> list[float]:
+    """GiGPO's A^S: each return z-scored (Bessel std + 1e-6) among the returns with the same state
+    key; 0 where the key is None, is met once, or its returns do not spread (``is_zero_signal``).
+
+    >>> [round(a, 4) for a in anchor_advantages([1.0, 0.0, 5.0, 2.0], ["s", "s", "t", None])]
+    [0.7071, -0.7071, 0.0, 0.0]
+    """
+    members: dict[str, list[int]] = {}
+    for i, s in enumerate(states):
+        if s is not None:
+            members.setdefault(s, []).append(i)
+    out = [0.0] * len(returns)
+    for ix in members.values():
+        values = [float(returns[i]) for i in ix]
+        if is_zero_signal(values):  # a state met once, or equal returns: no action was better
+            continue
+        mean = math.fsum(values) / len(values)
+        std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+        for i, v in zip(ix, values):
+            out[i] = (v - mean) / (std + EPS)
+    return out
+
+
+def gigpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, turn_rewards: list[list[float] | None],
+                     turn_states: list[list[str | None] | None], gamma: float = 0.95,
+                     scale_rewards: ScaleRewards = "group") -> tuple[torch.Tensor, list[list[float] | None]]:
+    """(A^E [N], A^S per turn): GiGPO's two terms for episodes with rewards [N] in groups group_ids [N].
+
+    ``turn_rewards[i]`` / ``turn_states[i]`` are episode i's step rewards and anchor-state keys,
+    one per turn (None: a single completion, no step term). A turn's advantage is A^E[i] +
+    A^S[i][t]; anchor groups form within a group only.
+
+    >>> ep, step = gigpo_advantages(torch.tensor([1., 0]), torch.zeros(2, dtype=torch.long),
+    ...                             [[0., 0.], [0., 0.]], [["s0", "a"], ["s0", "b"]], gamma=0.5)
+    >>> ep, [[round(a, 4) for a in s] for s in step]
+    (tensor([ 0.7071, -0.7071]), [[0.7071, 0.0], [-0.7071, 0.0]])
+    """
+    episode = group_advantages(rewards, group_ids, scale_rewards)
+    step: list[list[float] | None] = [None] * len(rewards)
+    for ix in _groups(group_ids):
+        flat_returns: list[float] = []
+        flat_states: list[str | None] = []
+        for i in ix.tolist():
+            if turn_rewards[i] is not None:
+                flat_returns += discounted_returns(turn_rewards[i], float(rewards[i]), gamma)
+                flat_states += list(turn_states[i])
+        flat = iter(anchor_advantages(flat_returns, flat_states))
+        for i in ix.tolist():
+            if turn_rewards[i] is not None:
+                step[i] = [next(flat) for _ in turn_rewards[i]]
+    return episode, step

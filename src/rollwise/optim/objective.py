@@ -8,12 +8,13 @@ the 1/|y| term; ``dapo_clip_higher`` is clip-higher + ``token_mean`` + overlong 
 which the run config turns on in ``control`` (``rollwise.train.config``); ``gspo`` the
 sequence-level ratio with the paper's tiny clip; ``cispo`` and ``sapo`` swap the clip for a
 clipped IS weight or a soft gate; ``rloo``, ``reinforce_pp_baseline``, ``mc_grpo``, ``drpo``
-swap the advantage estimator; ``ace`` and ``novelty_sharpen`` shape advantages; ``minpro``
-weights tokens by the prefix's minimum ratio; ``high_entropy_steps`` keeps the high-entropy
-tokens. A preset only fills the fields a recipe leaves unset, and the resolved values are
-what ``config.yaml`` records. Names follow TRL's ``GRPOConfig`` where it has one
-(``scale_rewards``, ``epsilon``, ``epsilon_high``, ``beta``, ``mask_truncated_completions``,
-``importance_sampling_level``, ``top_entropy_quantile``).
+swap the advantage estimator, and ``gigpo`` adds a per-turn term to multi-turn episodes'
+tokens; ``ace`` and ``novelty_sharpen`` shape advantages; ``minpro`` weights tokens by the
+prefix's minimum ratio; ``high_entropy_steps`` keeps the high-entropy tokens. A preset only
+fills the fields a recipe leaves unset, and the resolved values are what ``config.yaml``
+records. Names follow TRL's ``GRPOConfig`` where it has one (``scale_rewards``, ``epsilon``,
+``epsilon_high``, ``beta``, ``mask_truncated_completions``, ``importance_sampling_level``,
+``top_entropy_quantile``).
 
 Two parts compose with every preset: the advantage estimator switches to ``tree_adv`` for
 groups that carry a tree (``rollout.strategy=tree|latr``; ``tree_adv=false`` keeps flat
@@ -33,6 +34,7 @@ from rollwise.config import StrictModel
 from rollwise.optim.advantages import (
     ScaleRewards,
     drpo_advantages,
+    gigpo_advantages,
     group_advantages,
     is_zero_signal,
     median_advantages,
@@ -73,6 +75,8 @@ PRESETS: dict[str, dict] = {
     "cispo": {"policy_loss": "cispo", "scale_rewards": "group", "loss_agg": "token_mean", "epsilon_high": 0.28},
     "mc_grpo": {"advantage": "median", "scale_rewards": "none", "loss_agg": "seq_mean_token_mean"},
     "drpo": {"advantage": "drpo", "scale_rewards": "none", "loss_agg": "seq_mean_token_mean"},
+    # GRPO + GiGPO's step term on multi-turn episodes (Rollout.turns); exactly GRPO where no state repeats
+    "gigpo": {"advantage": "gigpo", "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
     "sapo": {"policy_loss": "sapo", "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
     "minpro": {"prefix_ratio": True, "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
     "high_entropy_steps": {"top_entropy_quantile": 0.2, "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
@@ -88,7 +92,7 @@ PRESET_SECTIONS: dict[str, dict[str, dict]] = {"dapo": {"control": {"method": "d
 # the correction a run that trains tokens sampled by older policies gets when neither its recipe nor
 # its preset sets tis_mode: AReaL's decoupled PPO weight sg(min(pi_prox/mu, 2)) per token
 STALE_TOKEN_OBJECTIVE = {"tis_mode": "token_truncate"}
-Advantage = Literal["group", "rloo", "reinforce_pp", "median", "drpo"]
+Advantage = Literal["group", "rloo", "reinforce_pp", "median", "drpo", "gigpo"]
 
 
 class ObjectiveConfig(StrictModel):
@@ -96,7 +100,8 @@ class ObjectiveConfig(StrictModel):
 
     method: Literal[tuple(PRESETS)] = Field("grpo", description="preset of the fields below (`rollwise list objectives`)")
     advantage: Advantage = Field("group", description="estimator: group (GRPO, with scale_rewards), rloo, "
-                                 "reinforce_pp (REINFORCE++-baseline), median (MC-GRPO: sample G+1), drpo")
+                                 "reinforce_pp (REINFORCE++-baseline), median (MC-GRPO: sample G+1), drpo, gigpo "
+                                 "(GRPO + a per-turn anchor-state term)")
     shaping: list[Literal["ace", "novelty_sharpen"]] = Field([], description="advantage shaping after the estimator")
     scale_rewards: ScaleRewards | None = Field(None, description="advantage divisor: group std, batch std, or none")
     loss_agg: LossAgg | None = Field(None, description="how per-token losses reduce to a scalar")
@@ -129,6 +134,8 @@ class ObjectiveConfig(StrictModel):
     tree_adv: bool = Field(True, description="tree groups get tree advantages (tree_adv); a node shared by k "
                            "leaves is trained once with weight k")
     tree_mix: float = Field(0.5, ge=0, le=1, description="tree_adv weight of the fork-relative (local) term")
+    gigpo_gamma: float = Field(0.95, ge=0, le=1, description="gigpo: discount of the per-turn returns z-scored "
+                               "within anchor states")
 
     @model_validator(mode="before")
     @classmethod
@@ -155,12 +162,13 @@ class ObjectiveConfig(StrictModel):
 
 
 def assign_advantages(groups: list[RolloutGroup], cfg: ObjectiveConfig) -> dict[str, float]:
-    """Set each rollout's per-token advantage: its sequence advantage on every token, or for
-    tree groups (``cfg.tree_adv``) each node's tree advantage on that node's tokens."""
+    """Set each rollout's per-token advantage: its sequence advantage on every token; for tree
+    groups (``cfg.tree_adv``) each node's tree advantage on that node's tokens; with ``gigpo``, a
+    multi-turn episode's turn tokens get A^E + that turn's A^S (``token_advantages``)."""
     rollouts = [r for g in groups for r in g.rollouts]
     rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)
     group_ids = torch.tensor([gi for gi, g in enumerate(groups) for _ in g.rollouts])
-    adv, excluded, metrics = sequence_advantages(rollouts, rewards, group_ids, cfg)
+    adv, excluded, steps, metrics = sequence_advantages(rollouts, rewards, group_ids, cfg)
     adv = adv.tolist()
     trees = cfg.tree_adv and any(g.tree is not None for g in groups)
     scale = reward_scale(rewards, group_ids, cfg.scale_rewards).tolist() if trees else None  # tree_adv's divisor
@@ -170,9 +178,9 @@ def assign_advantages(groups: list[RolloutGroup], cfg: ObjectiveConfig) -> dict[
         if g.tree is not None and cfg.tree_adv:
             assign_tree_advantages(g, scale[i] if n else 1.0, cfg.tree_mix)
         else:
-            for r, a, out in zip(g.rollouts, adv[i : i + n], excluded[i : i + n]):
-                r.advantage = [a] * len(r.completion_ids)
-                if out:  # MC-GRPO's pivot: no gradient
+            for j, r in enumerate(g.rollouts, start=i):
+                r.advantage = token_advantages(r, adv[j], steps[j])
+                if excluded[j]:  # MC-GRPO's pivot: no gradient
                     r.loss_weights = [0] * len(r.completion_ids)
         i += n
     zero = sum(1 for g in groups if is_zero_signal(g.rewards))
@@ -183,34 +191,70 @@ def assign_advantages(groups: list[RolloutGroup], cfg: ObjectiveConfig) -> dict[
             "groups/zero_signal": zero / max(len(groups), 1)}
 
 
+def token_advantages(rollout, advantage: float, step: list[float] | None) -> list[float]:
+    """Per completion token: ``advantage`` on every token, or (``step``: GiGPO's A^S, one per
+    ``rollout.turns``) ``advantage`` + A^S on each turn's tokens and 0 on the tokens the environment
+    inserted between turns (they carry loss weight 0: not trained)."""
+    n = len(rollout.completion_ids)
+    if step is None:
+        return [advantage] * n
+    out = [0.0] * n
+    for turn, a in zip(rollout.turns, step, strict=True):
+        if not 0 <= turn.start <= turn.end <= n:
+            raise ValueError(f"rollout of prompt {rollout.prompt_id}: turn [{turn.start}, {turn.end}) is outside "
+                             f"its {n} completion tokens")
+        out[turn.start : turn.end] = [advantage + a] * (turn.end - turn.start)
+    return out
+
+
 def _correct(rollouts) -> torch.Tensor:
     return torch.tensor([r.correct for r in rollouts], dtype=torch.bool)
 
 
-# estimator name -> (rollouts, rewards [N], group_ids [N], cfg) -> advantages [N] (or, median, (adv, pivot))
+def _median(rollouts, rewards, group_ids, cfg):
+    return (*median_advantages(rewards, group_ids), None)  # the pivots get no gradient
+
+
+def _gigpo(rollouts, rewards, group_ids, cfg):
+    """A^E [N] and A^S per turn (None for a rollout without turns: plain GRPO)."""
+    turns = [r.turns for r in rollouts]
+    step_rewards = [None if ts is None else [t.reward for t in ts] for ts in turns]
+    states = [None if ts is None else [t.state for t in ts] for ts in turns]
+    episode, step = gigpo_advantages(rewards, group_ids, step_rewards, states, cfg.gigpo_gamma, cfg.scale_rewards)
+    return episode, None, step
+
+
+# estimator name -> (rollouts, rewards [N], group_ids [N], cfg) -> advantages [N], or
+# (advantages [N], excluded [N] bool or None, per-turn step term or None): MC-GRPO's pivots, GiGPO's A^S
 ESTIMATORS = {
     "group": lambda ro, r, g, cfg: group_advantages(r, g, cfg.scale_rewards),
     "rloo": lambda ro, r, g, cfg: rloo_advantages(r, g),
     "reinforce_pp": lambda ro, r, g, cfg: reinforce_pp_advantages(r, g, torch.tensor([max(x.num_tokens, 1) for x in ro])),
-    "median": lambda ro, r, g, cfg: median_advantages(r, g),
+    "median": _median,
     "drpo": lambda ro, r, g, cfg: drpo_advantages(_correct(ro), torch.tensor([float(x.num_tokens) for x in ro]), g),
+    "gigpo": _gigpo,
 }
 
 
 def sequence_advantages(rollouts, rewards: torch.Tensor, group_ids: torch.Tensor, cfg: ObjectiveConfig):
-    """(advantage [N], excluded [N] bool, metrics) of flat rollouts: the estimator, then shaping."""
-    excluded = torch.zeros(len(rollouts), dtype=torch.bool)
-    adv = ESTIMATORS[cfg.advantage](rollouts, rewards, group_ids, cfg)
-    if isinstance(adv, tuple):  # MC-GRPO also names its pivots
-        adv, excluded = adv
+    """(advantage [N], excluded [N] bool, step terms [N] (a list per turn, or None), metrics) of flat
+    rollouts: the estimator, then shaping (of the sequence advantage)."""
+    out = ESTIMATORS[cfg.advantage](rollouts, rewards, group_ids, cfg)
+    adv, excluded, steps = out if isinstance(out, tuple) else (out, None, None)
+    excluded = torch.zeros(len(rollouts), dtype=torch.bool) if excluded is None else excluded
+    steps = [None] * len(rollouts) if steps is None else steps
     metrics: dict[str, float] = {}
+    if cfg.advantage == "gigpo":
+        flat = [a for s in steps if s is not None for a in s]
+        metrics["gigpo/turns_with_step_signal"] = sum(a != 0 for a in flat) / max(len(flat), 1)
+        metrics["gigpo/step_abs_mean"] = sum(map(abs, flat)) / max(len(flat), 1)
     if "novelty_sharpen" in cfg.shaping:
         from rollwise.optim.shaping import novelty_sharpen
 
         nll = torch.tensor([-sum(r.behavior_logprobs) / max(r.num_tokens, 1) for r in rollouts])
         adv, m = novelty_sharpen(adv, _correct(rollouts), nll, group_ids)
         metrics |= {k: float(v) for k, v in m.items()}
-    return adv.double(), excluded.tolist(), metrics
+    return adv.double(), excluded.tolist(), steps, metrics
 
 
 def assign_tree_advantages(group: RolloutGroup, scale: float, mix: float) -> None:

@@ -118,6 +118,9 @@ class Rollout:
     # multi-turn episodes (rollout.environment): the model's turns, in order; the ids between them were
     # inserted by the environment (tool results, feedback) and carry loss weight 0. None = a single completion
     turns: list[Turn] | None = None
+    # the episode as TRL's conversational completion: assistant turns and tool messages (what reward functions get)
+    messages: list[dict] | None = None
+    env_reward: float | None = None  # the environment's get_reward() for this episode (reward component "environment")
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

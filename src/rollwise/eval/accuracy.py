@@ -32,7 +32,11 @@ class EvalResult:
         return out
 
 
-def _groups(engine: Engine, prompts: list[Prompt], params: SamplingParams, n: int, decode, seed: int):
+def _groups(engine: Engine, prompts: list[Prompt], params: SamplingParams, n: int, decode, seed: int,
+            episodes=None):
+    if episodes is not None:  # multi-turn: the run's EpisodeSampler with these sampling settings
+        groups, _ = replace(episodes, params=params).generate(engine, prompts, [n] * len(prompts), seed * 7919)
+        return groups
     requests = [Request(p.token_ids, replace(params, seed=seed * 7919 + i)) for p in prompts for i in range(n)]
     completions = engine.generate(requests)
     return [
@@ -43,12 +47,14 @@ def _groups(engine: Engine, prompts: list[Prompt], params: SamplingParams, n: in
 
 def evaluate(
     engine: Engine, prompts: list[Prompt], judge: RewardFn, decode, *, max_new_tokens: int, stop_token_ids,
-    samples: int = 0, temperature: float = 1.0, seed: int = 0, keep: int = 4,
+    samples: int = 0, temperature: float = 1.0, seed: int = 0, keep: int = 4, episodes=None,
 ) -> EvalResult:
     """Greedy accuracy (``judge`` says correct: ``rollwise.types.is_correct``) and, when ``samples`` > 0,
-    pass@1, pass@samples and maj@samples (``rollwise.eval.majority``: a vote by the judge's extracted answers)."""
+    pass@1, pass@samples and maj@samples (``rollwise.eval.majority``: a vote by the judge's extracted answers).
+    ``episodes`` (a ``generate.episode.EpisodeSampler``): every prompt is a multi-turn episode with
+    the run's environment, scored by ``judge`` and the environment's own reward."""
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids))
-    groups = _groups(engine, prompts, greedy, 1, decode, seed)
+    groups = _groups(engine, prompts, greedy, 1, decode, seed, episodes)
     score_groups(groups, [judge])
     correct = [g.rollouts[0].correct for g in groups]
     lengths = [g.rollouts[0].num_tokens for g in groups]
@@ -56,7 +62,7 @@ def evaluate(
     maj_at: dict[int, float] = {}
     if samples > 0:
         sampled = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids))
-        sgroups = _groups(engine, prompts, sampled, samples, decode, seed)
+        sgroups = _groups(engine, prompts, sampled, samples, decode, seed, episodes)
         score_groups(sgroups, [judge])
         counts = [g.num_correct for g in sgroups]
         for k in sorted({1, samples}):

@@ -27,6 +27,7 @@ from rollwise.config import ConfigError
 from rollwise.types import RolloutGroup, Score
 
 log = logging.getLogger(__name__)
+ENV_REWARD = "environment"  # the component an environment's get_reward() fills (multi-turn episodes)
 
 
 @dataclass
@@ -78,7 +79,8 @@ def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict
     rollouts = [(g, r) for g in groups for r in g.rollouts]
     # TRL's formats: conversational prompts get message lists on both sides, others plain text
     prompts = [g.prompt.messages if g.prompt.messages is not None else g.prompt.text for g, _ in rollouts]
-    completions = [
+    completions = [  # a multi-turn episode: its whole conversation (assistant turns and tool messages)
+        r.messages if r.messages is not None else
         [{"role": "assistant", "content": r.completion_text}] if g.prompt.messages is not None else r.completion_text
         for g, r in rollouts
     ]
@@ -114,6 +116,10 @@ def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict
                 answers[i] = v.answer
             totals[i] += rf.weight * value
         metrics[f"reward/{rf.name}/errors"] = float(errors)
+    for i, (_, r) in enumerate(rollouts):  # an environment that scores its episodes: one more component, weight 1
+        if r.env_reward is not None:
+            r.reward_components[ENV_REWARD] = r.env_reward
+            totals[i] += r.env_reward
     for (_, r), total, answer in zip(rollouts, totals, answers):
         r.score = r.reward = total  # the verdict; shaping terms later add to ``reward`` only
         r.extracted_answer = answer

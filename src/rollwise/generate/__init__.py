@@ -19,6 +19,7 @@ STRATEGIES = {
     "latr": "LATR: branch at uncertain tokens, lookahead, prune similar branches (rollout.latr.*)",
     "april": "APRIL: over-provision groups, carry unfinished rollouts to the next step (rollout.april.*)",
 }
+# rollout.environment (multi-turn episodes) replaces the strategy: generate/episode.py, built by train/build.py
 
 
 def sampling_params(rollout, tokenizer) -> SamplingParams:
@@ -57,3 +58,4 @@ def build_generator(rollout, params, decode, pruner=None, gate=None, gate_every:
     if rollout.strategy == "april":
         return AprilSampler(params, decode, rollout.april, target=rollout.prompts_per_step)
     return GroupSampler(params, decode, gate=gate, gate_every=gate_every)
+

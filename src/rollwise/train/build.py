@@ -64,6 +64,8 @@ def async_threads(cfg) -> int:
         raise ConfigError(f"train.mode=async with max_staleness={t.max_staleness} trains on tokens sampled by older "
                           "policies, but objective.tis_mode=none does not correct for it; set objective.tis_mode "
                           "(e.g. token_truncate: objective.method=decoupled_ppo) or train.max_staleness=0")
+    if cfg.rollout.environment is not None:
+        raise ConfigError("rollout.environment with train.mode=async is not supported yet; set train.mode=sync")
     if cfg.rollout.strategy == "april":
         raise ConfigError("rollout.strategy=april with train.mode=async: APRIL carries partial rollouts into later "
                           "steps, past the staleness bound; async already overlaps generation with the update — use "
@@ -93,3 +95,24 @@ def reference_model(cfg, model, init_dir: Path, device):
         return lora.AdapterDisabled(model)
     ref = type(model).from_pretrained(init_dir, dtype=model.dtype)
     return ref.to(device).eval()
+
+
+def episode_sampler(rollout, params, tokenizer, controller):
+    """``rollout.environment``'s ``EpisodeSampler``; refuses what episodes do not compose with yet."""
+    from rollwise.generate.episode import EpisodeSampler
+    from rollwise.tasks.environment import episode_envs
+    from rollwise.tasks.tool_calls import tool_format
+
+    if rollout.strategy != "group":
+        raise ConfigError(f"rollout.environment runs episodes with rollout.strategy=group, not {rollout.strategy}")
+    if controller.prunes_in_generation or controller.asks_should_continue:
+        raise ConfigError("rollout.environment: a controller that prunes or stops rollouts inside generation does not "
+                          "work on episodes yet; choose one that selects or allocates (`rollwise list controllers`)")
+    if rollout.workers:
+        raise ConfigError("rollout.environment with rollout.workers is not supported yet; set rollout.workers=0")
+    try:
+        fmt = tool_format(rollout.tool_format, tokenizer)
+    except ValueError as err:
+        raise ConfigError(f"rollout.tool_format: {err}") from None
+    envs = episode_envs(rollout.environment, rollout.tool_timeout, rollout.tool_output_chars)
+    return EpisodeSampler(params, tokenizer, envs, fmt, rollout.max_turns)

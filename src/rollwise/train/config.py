@@ -69,6 +69,19 @@ class RolloutConfig(StrictModel):
                                               description="what each rollout worker reserves on the Ray cluster")
     worker_restarts: int = Field(3, ge=0, description="rollout workers restarted after a crash, over the run; "
                                  "their prompts are re-issued to the others either way")
+    environment: str | None = Field(
+        None, description="multi-turn episodes: an environment class (TRL's environment_factory shape: reset(**row), "
+        "its public methods are tools, optional get_reward) as package.module:Class, or a built-in: python_tool, "
+        "calculator, guess_number (null = one completion per rollout; docs/environments.md)")
+    tool_format: Literal["auto", "hermes", "plain"] = Field(
+        "auto", description="how a turn calls tools: hermes (<tool_call>{json}</tool_call>, results through the chat "
+        "template), plain (<call>name(args)</call>, results as <result>..</result>), auto = hermes with a chat template")
+    max_turns: int = Field(4, ge=1, description="model turns per episode (rollout.max_new_tokens bounds its tokens, "
+                           "sampled and inserted together)")
+    tool_timeout: float = Field(10.0, gt=0, description="seconds a tool call may run before the model is told it "
+                                "timed out")
+    tool_output_chars: int = Field(2000, ge=1, description="characters of a tool's result shown to the model (the "
+                                   "rest is cut, saying how much)")
     score_on: Literal["workers", "driver"] = Field(
         "workers", description="with rollout.workers: where reward functions run (workers = in parallel, each with "
         "its own sandbox; driver = in the training process)")

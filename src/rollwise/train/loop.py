@@ -45,6 +45,7 @@ from rollwise.train import rundir
 from rollwise.train.build import (
     async_threads,
     check_workers,
+    episode_sampler,
     lr_lambda,
     packed_forward,
     reference_model,
@@ -114,6 +115,9 @@ class Trainer:
         self.controller = controller
         pruner = controller if controller.prunes_in_generation else None  # arrol prunes inside generation
         gate = (lambda partial: controller.should_continue(partial, self.stats)) if controller.asks_should_continue else None
+        if self.cfg.rollout.environment is not None:  # every rollout a multi-turn episode
+            self.generator = episode_sampler(self.cfg.rollout, self.sampling, self.tokenizer, controller)
+            return
         self.generator = build_generator(self.cfg.rollout, self.sampling, self.decode, pruner=pruner, gate=gate,
                                          gate_every=controller.continue_every)
 
@@ -288,6 +292,7 @@ class Trainer:
             self.engine, self.eval_prompts, self.judge, self.decode, max_new_tokens=self.cfg.rollout.max_new_tokens,
             stop_token_ids=self.stop_ids, samples=tc.eval_samples, temperature=self.cfg.rollout.temperature,
             seed=self.cfg.seed, keep=tc.log_samples,
+            episodes=self.generator if self.cfg.rollout.environment is not None else None,
         )
 
     def record_eval(self) -> EvalResult:

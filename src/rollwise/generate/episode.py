@@ -1,0 +1,201 @@
+"""Multi-turn episodes (``rollout.environment``): a rollout is a conversation with an environment.
+
+Each of a prompt's ``budget`` episodes gets its own environment instance (``reset(**row)``).
+A turn samples until the tokenizer's EOS; the turn's text is parsed for tool calls
+(``tasks/tool_calls.py``); no call — or ``rollout.max_turns`` turns, or the episode's token
+budget (``rollout.max_new_tokens``, sampled and inserted tokens together) spent — ends the
+episode. Otherwise each call runs (``tasks/environment.py``: errors, hangs and huge outputs
+become messages), and the results are inserted as token ids — through the chat template for
+``hermes`` (the ids its tool messages and the next assistant header render to), as
+``<result>…</result>`` text for ``plain`` — and sampling continues.
+
+Token-faithful (METHODS ``token_faithful``): the rollout's ``completion_ids`` are exactly the
+sampled ids with the inserted ids between them, never decoded and re-tokenized text; inserted
+ids carry loss weight 0 and behaviour log-prob 0, every sampled id keeps the log-prob it was
+sampled with; ``Rollout.turns`` records each model turn's span and the environment's anchor
+state (``observation_key``) for ``gigpo``.
+
+On an engine that continues a finished sequence with its keys/values (``SlotEngine``:
+``SamplingParams.keep_cache``), a turn prefills only the ids inserted since the last one;
+another engine is given the whole conversation as a new prompt each turn (the naive harness;
+``rollwise bench multiturn`` compares the two). Turns run in rounds: every live episode's next
+turn is sampled in one engine run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from rollwise.engine.engine import Completion, Request
+from rollwise.engine.sampling import SamplingParams
+from rollwise.engine.state import PartialState
+from rollwise.generate.base import Generator
+from rollwise.seeds import derive
+from rollwise.types import Prompt, Rollout, RolloutGroup, Turn
+
+ERROR_KINDS = ("parse", "unknown_tool", "bad_arguments", "raised", "timeout")
+
+
+@dataclass
+class Episode:
+    prompt: Prompt
+    env: object  # a tasks.environment.EpisodeEnv
+    prompt_ids: list[int]
+    seeds: tuple[int, int]  # (prompt slot, sample) for derive
+    ids: list[int] = field(default_factory=list)  # completion ids: sampled and inserted
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    forced: list[int] = field(default_factory=list)  # inserted positions
+    turns: list[Turn] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)  # assistant turns and tool messages, as text
+    finish: str = "stop"
+    kv: object = None  # the last turn's cached keys/values (engines that keep them)
+    kv_version: int | None = None
+    done: bool = False
+
+
+@dataclass
+class EpisodeSampler(Generator):
+    """Episodes with ``envs()`` (a factory of ``tasks.environment.EpisodeEnv``), tool calls read by
+    ``fmt`` (a ``tasks.tool_calls.ToolFormat``), at most ``max_turns`` model turns."""
+
+    params: SamplingParams
+    tokenizer: object
+    envs: object
+    fmt: object
+    max_turns: int = 4
+
+    def generate(self, engine, prompts: list[Prompt], budgets: list[int],
+                 seed: int) -> tuple[list[RolloutGroup], dict[str, float]]:
+        episodes = [self._start(p, pi, j) for pi, (p, n) in enumerate(zip(prompts, budgets)) for j in range(n)]
+        counts = dict.fromkeys(("tool_calls", "prefill_saved", *ERROR_KINDS, "truncated"), 0)
+        for turn in range(self.max_turns):
+            live = [e for e in episodes if not e.done]
+            if not live:
+                break
+            for ep, c in zip(live, self._sample_turn(engine, live, seed, turn)):
+                self._absorb(ep, c, turn, counts)
+        groups = [RolloutGroup(prompt=p, rollouts=[]) for p in prompts]
+        owners = [pi for pi, n in enumerate(budgets) for _ in range(n)]
+        for pi, ep in zip(owners, episodes):
+            groups[pi].rollouts.append(self._rollout(ep))
+        metrics = {f"episode/{k}": float(v) for k, v in counts.items()}
+        metrics["episode/turns_mean"] = sum(len(e.turns) for e in episodes) / max(len(episodes), 1)
+        return groups, metrics
+
+    # -- one episode ------------------------------------------------------------------------
+    def _start(self, prompt: Prompt, pi: int, j: int) -> Episode:
+        env = self.envs()
+        extra = env.reset(prompt.reward_columns())
+        return Episode(prompt, env, self._prompt_ids(prompt, extra, env.schemas), (pi, j))
+
+    def _prompt_ids(self, prompt: Prompt, extra: str | None, schemas: list[dict]) -> list[int]:
+        tok = self.tokenizer
+        if not self.fmt.uses_chat_template:
+            return list(tok(prompt.text + (extra or ""))["input_ids"])
+        messages = [dict(m) for m in (prompt.messages or [{"role": "user", "content": prompt.text}])]
+        if extra:
+            messages[-1]["content"] += extra
+        ids = tok.apply_chat_template(messages, tools=schemas or None,
+                                      add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def _sample_turn(self, engine, live: list[Episode], seed: int, turn: int) -> list[Completion]:
+        """The next turn of every live episode, in one engine run."""
+        params = [replace(self.params, max_new_tokens=self.params.max_new_tokens - len(e.ids),
+                          seed=derive(seed, *e.seeds, turn)) for e in live]
+        if hasattr(engine, "resume") and turn > 0:
+            states = [self._state(e, p) for e, p in zip(live, params)]
+            handles = engine.resume(states)
+        else:
+            first = turn == 0
+            handles = engine.submit([Request(e.prompt_ids if first else e.prompt_ids + e.ids,
+                                             replace(p, keep_cache=hasattr(engine, "resume")))
+                                     for e, p in zip(live, params)])
+        done = engine.run_until()
+        return [done[h] for h in handles]
+
+    def _state(self, ep: Episode, params: SamplingParams) -> PartialState:
+        """Continue ``ep`` after its inserted ids, from its cached keys/values."""
+        full = replace(params, max_new_tokens=self.params.max_new_tokens, keep_cache=True)
+        gen = torch.Generator().manual_seed(params.seed)
+        return PartialState(prompt_ids=ep.prompt_ids, token_ids=list(ep.ids), logprobs=list(ep.logprobs),
+                            versions=list(ep.versions), params=full, seed=params.seed,
+                            generator_state=gen.get_state(), forced=list(ep.forced), kv=ep.kv,
+                            kv_version=ep.kv_version)
+
+    def _absorb(self, ep: Episode, c: Completion, turn: int, counts: dict) -> None:
+        """Add turn ``turn``'s completion to ``ep``; run its tool calls and insert their results."""
+        continued = len(c.token_ids) > len(ep.ids) and c.prompt_ids == ep.prompt_ids
+        new = c.token_ids[len(ep.ids):] if continued else c.token_ids
+        new_lp = c.logprobs[len(ep.ids):] if continued else c.logprobs
+        new_v = c.versions[len(ep.ids):] if continued else c.versions
+        state = ep.env.state()
+        start = len(ep.ids)
+        ep.ids += new
+        ep.logprobs += new_lp
+        ep.versions += new_v
+        ep.turns.append(Turn(start, len(ep.ids), state))
+        ep.kv, ep.kv_version = getattr(c, "kv", None), getattr(c, "kv_version", None)
+        ep.finish = c.finish_reason
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        ep.messages.append({"role": "assistant", "content": text})
+        calls = self.fmt.parse(text) if c.finish_reason == "stop" else []
+        if not calls or turn + 1 >= self.max_turns:
+            ep.done = True
+            return
+        results = [ep.env.call(call) for call in calls]
+        counts["tool_calls"] += len(calls)
+        for r in results:
+            if r.error:
+                counts[r.error] += 1
+            counts["truncated"] += r.truncated
+        ep.messages += [{"role": "tool", "name": c.name, "content": r.text} for c, r in zip(calls, results)]
+        inserted = self._inserted_ids(calls, results)
+        if len(ep.ids) + len(inserted) >= self.params.max_new_tokens:
+            ep.done, ep.finish = True, "length"  # no room left to answer
+            return
+        ep.forced += range(len(ep.ids), len(ep.ids) + len(inserted))
+        ep.ids += inserted
+        ep.logprobs += [0.0] * len(inserted)
+        ep.versions += [ep.versions[-1] if ep.versions else 0] * len(inserted)
+
+    def _inserted_ids(self, calls, results) -> list[int]:
+        tok = self.tokenizer
+        if not self.fmt.uses_chat_template:
+            return list(tok(self.fmt.result_text([r.text for r in results]), add_special_tokens=False)["input_ids"])
+        messages = [{"role": "tool", "name": c.name or "error", "content": r.text} for c, r in zip(calls, results)]
+        return chat_suffix_ids(tok, messages)
+
+    def _rollout(self, ep: Episode) -> Rollout:
+        weights = [1] * len(ep.ids)
+        for i in ep.forced:
+            weights[i] = 0
+        return Rollout(prompt_id=ep.prompt.id, prompt_ids=ep.prompt_ids, completion_ids=ep.ids,
+                    behavior_logprobs=ep.logprobs, versions=ep.versions, finish_reason=ep.finish,
+                    completion_text=self.tokenizer.decode(ep.ids, skip_special_tokens=True),
+                    loss_weights=weights if ep.forced else None, turns=ep.turns,
+                    messages=ep.messages, env_reward=ep.env.reward())
+
+
+def chat_suffix_ids(tokenizer, tool_messages: list[dict]) -> list[int]:
+    """The ids the chat template puts after an assistant turn's end-of-turn token for these tool
+    messages, up to and including the next assistant header: rendered once for a stand-in
+    conversation and cut at its last EOS (the sampled turn ends with that EOS)."""
+    calls = [{"type": "function", "function": {"name": m["name"], "arguments": {}}} for m in tool_messages]
+    stand_in = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": calls}]
+
+    def render(messages, generation_prompt):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    prefix, full = render(stand_in, False), render(stand_in + tool_messages, True)
+    eos = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
+    if eos:
+        prefix = prefix[: eos[-1] + 1]
+    if full[: len(prefix)] != prefix:
+        raise ValueError("the chat template renders the conversation before the tool messages differently once they "
+                         "are added: cannot insert tool results token-faithfully with this template")
+    return full[len(prefix):]

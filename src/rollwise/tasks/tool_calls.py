@@ -1,0 +1,130 @@
+"""Tool-call formats: how a model's turn names the tools it calls (multi-turn episodes, issue 24).
+
+A format turns the text of one model turn into the ``ToolCall``s it makes (none = the turn
+answers and the episode ends). A call the model botched — unparseable JSON, a missing name,
+arguments that are not an object — comes back as a ``ToolCall`` with ``error`` set, so the
+environment answers it with an error message instead of the episode crashing.
+
+Supported (``rollout.tool_format``):
+
+- ``hermes`` — Hermes / Qwen2.5 / Qwen3 / SmolLM3 chat templates: each call is
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; several per turn allowed.
+  ``arguments`` may also be a JSON string holding the object (some models emit that).
+- ``plain`` — for models without a chat template (the tiny character-level presets): each
+  call is ``<call>name(arg, key=value)</call>`` with Python literal arguments, read with
+  ``ast`` (never evaluated); the result is inserted as ``<result>...</result>``.
+
+Adding a format: subclass ``ToolFormat`` with a ``name``, ``parse(text) -> list[ToolCall]``
+and, for formats without a chat template, ``result_text(results)``; add it to ``FORMATS``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call a model turn made: ``name(*positional, **arguments)``; ``error`` = why it could not be read."""
+
+    name: str
+    arguments: dict = field(default_factory=dict)
+    positional: tuple = ()
+    error: str | None = None
+
+
+class ToolFormat:
+    name = ""
+    uses_chat_template = False  # results go in as tool messages through the tokenizer's chat template
+
+    def parse(self, text: str) -> list[ToolCall]:
+        raise NotImplementedError
+
+    def result_text(self, results: list[str]) -> str:
+        """Text inserted after a turn's calls (formats without a chat template)."""
+        raise NotImplementedError
+
+
+class Hermes(ToolFormat):
+    name = "hermes"
+    uses_chat_template = True
+    _block = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
+
+    def parse(self, text: str) -> list[ToolCall]:
+        calls = []
+        for body, close in self._block.findall(text):
+            if not close:
+                calls.append(ToolCall("", error="a <tool_call> without its closing </tool_call>"))
+                continue
+            calls.append(self._read(body.strip()))
+        return calls
+
+    @staticmethod
+    def _read(body: str) -> ToolCall:
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as err:
+            return ToolCall("", error=f"the tool call is not valid JSON ({err.msg} at char {err.pos})")
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+            return ToolCall("", error='a tool call must be a JSON object with a "name" string')
+        args = obj.get("arguments", {})
+        if isinstance(args, str):  # some models emit the arguments object as a JSON string
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                return ToolCall(obj["name"], error='"arguments" is a string that is not a JSON object')
+        if not isinstance(args, dict):
+            return ToolCall(obj["name"], error='"arguments" must be a JSON object')
+        return ToolCall(obj["name"], args)
+
+
+class Plain(ToolFormat):
+    name = "plain"
+    _block = re.compile(r"<call>(.*?)(</call>|$)", re.DOTALL)
+
+    def parse(self, text: str) -> list[ToolCall]:
+        calls = []
+        for body, close in self._block.findall(text):
+            if not close:
+                calls.append(ToolCall("", error="a <call> without its closing </call>"))
+                continue
+            calls.append(self._read(body.strip()))
+        return calls
+
+    @staticmethod
+    def _read(body: str) -> ToolCall:
+        try:
+            node = ast.parse(body, mode="eval").body
+        except SyntaxError:
+            return ToolCall("", error=f"cannot read the call {body[:80]!r}: write name(arg, key=value)")
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+            return ToolCall("", error=f"cannot read the call {body[:80]!r}: write name(arg, key=value)")
+        try:
+            positional = tuple(ast.literal_eval(a) for a in node.args)
+            arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg is not None}
+        except (ValueError, SyntaxError, TypeError):
+            return ToolCall(node.func.id, error="arguments must be literals (numbers, strings, lists, dicts)")
+        return ToolCall(node.func.id, arguments, positional)
+
+    def result_text(self, results: list[str]) -> str:
+        return "".join(f"<result>{r}</result>" for r in results)
+
+
+FORMATS: dict[str, ToolFormat] = {f.name: f for f in (Hermes(), Plain())}
+
+
+def tool_format(name: str, tokenizer) -> ToolFormat:
+    """``rollout.tool_format``: a name in ``FORMATS``, or ``auto`` = ``hermes`` when the tokenizer has a
+    chat template, else ``plain``."""
+    if name == "auto":
+        name = "hermes" if getattr(tokenizer, "chat_template", None) else "plain"
+    if name not in FORMATS:
+        raise ValueError(f"unknown tool format {name!r}; choose one of auto, {', '.join(FORMATS)}")
+    fmt = FORMATS[name]
+    if fmt.uses_chat_template and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"tool format {name!r} inserts tool results through the chat template, and this tokenizer "
+                         "has none; use rollout.tool_format=plain")
+    return fmt

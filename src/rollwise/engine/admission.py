@@ -3,9 +3,13 @@
 
 ``Admission._admit`` empties the queue into free rows, cheapest source first: a resumed
 sequence's parked cache or a kept prompt prefix is copied in (``_place_restores``); a fork
-child copies its running sibling's rows (``_place_copies``); the rest are prefill leaders, or
-followers that share a leader's prefill (same prompt, same fork family). ``_free`` releases
-rows and moves the last running rows into the holes, so running rows stay ``[0, n)``.
+child copies its running sibling's rows (``_place_copies``); a continued sequence (ids appended
+after its parked cache, ``state.continuation``) copies its cache in and prefills only the ids
+past it (``_place_extensions``), unless the weights changed since that cache was computed; the
+rest are prefill leaders, or followers that share a leader's prefill (same prompt, same fork
+family). ``_free`` releases rows and moves the last running rows into the holes, so running
+rows stay ``[0, n)``; ``_cached_kv`` copies a row's cache out (``pause(keep_cache=True)``, and a
+finished ``keep_cache`` sequence's ``Completion.kv``).
 
 ``PrefixCache`` keeps the cached keys/values of recent prompts for ``keep_prefixes``.
 
@@ -83,19 +87,20 @@ class Admission:
         else:
             self._kv.grow(new)
 
-    def _admit(self) -> tuple[int, list[Sequence], list[tuple[Sequence, int]]]:
+    def _admit(self) -> tuple[int, list[Sequence], list[tuple[Sequence, int]], list[tuple[Sequence, int]]]:
         """Move queued sequences into free rows. Fork children with a running sibling are placed
         at once (they decode this step); the rest become prefill leaders, or followers that
-        share a leader's prefill. Returns (rows that decode, leaders, (follower, leader index))."""
+        share a leader's prefill, or extensions that prefill past their parked cache. Returns
+        (rows that decode, leaders, (follower, leader index), (extension, cached length))."""
         self._ensure_cache()
         free = self.max_batch_size - len(self._rows)
-        copies, restores, hits, leaders, followers, lead_of = [], [], [], [], [], {}
+        copies, restores, hits, extensions, leaders, followers, lead_of = [], [], [], [], [], [], {}
         family_hit: dict[int, Sequence] = {}  # a fork family whose first member took a cached prefix
         while self._queue and free > 0:
             seq = self._queue.popleft()
             free -= 1
-            if seq.parked is not None:
-                restores.append(seq)
+            if seq.parked is not None and self._parked_usable(seq):
+                (restores if seq.parked[0].shape[2] == len(seq.ids) - 1 else extensions).append(seq)
                 continue
             family = seq.family
             if family is not None:
@@ -130,15 +135,30 @@ class Admission:
         n_decode = len(self._rows)
         self._place(leaders, [len(s.ids) for s in leaders])
         self._place([f for f, _ in followers], [len(f.ids) for f, _ in followers])
-        return n_decode, leaders, followers
+        extensions = self._place_extensions(extensions)
+        return n_decode, leaders, followers, extensions
 
-    def _place(self, seqs: list[Sequence], lens: list[int]) -> None:
-        """Append running rows for ``seqs`` with ``lens`` cached positions and their sampling settings."""
+    def _parked_usable(self, seq: Sequence) -> bool:
+        """Whether a resumed sequence's parked cache is copied in. One that covers all its ids but
+        the last is, always: after a weight update its prefix stays the old policy's (an in-flight
+        update, ``pause(keep_cache=True)``). One that covers a prefix (ids appended since) only if
+        the weights have not changed since it was computed; else it is dropped and the sequence
+        prefilled whole (``stats.reprefill_tokens``), as the new policy would have it."""
+        if seq.parked[0].shape[2] == len(seq.ids) - 1 or seq.cache_version == self.version:
+            return True
+        seq.parked, seq.cache_version, seq.recompute = None, None, True
+        return False
+
+    def _place(self, seqs: list[Sequence], lens: list[int], computed: bool = True) -> None:
+        """Append running rows for ``seqs`` with ``lens`` cached positions and their sampling settings.
+        ``computed``: their cached positions are (being) computed by the current weights."""
         if not seqs:
             return
         r0 = len(self._rows)
         for i, seq in enumerate(seqs):
             seq.row = r0 + i
+            if computed:
+                seq.cache_version = self.version
         self._order_dirty = True
         self._rows += seqs
         self._lens += lens
@@ -162,7 +182,9 @@ class Admission:
         lens = [s.family.shared_len for s, _ in pairs]
         r0 = len(self._rows)
         self._kv.copy_rows([src for _, src in pairs], list(range(r0, r0 + len(pairs))), max(lens))
-        self._place([s for s, _ in pairs], lens)
+        for s, src in pairs:
+            s.cache_version = self._rows[src].cache_version
+        self._place([s for s, _ in pairs], lens, computed=False)
         self._pending[r0 : r0 + len(pairs)] = torch.tensor([s.ids[-1] for s, _ in pairs], device=self.device)
         self.stats.prefix_tokens_shared += sum(lens)
         self.stats.prefill_tokens += sum(1 for s, _ in pairs if not s.tokens)  # a prompt's last token, again
@@ -177,7 +199,7 @@ class Admission:
         for i, seq in enumerate(seqs):
             self._kv.import_row(r0 + i, seq.parked)
             seq.parked = None
-        self._place(seqs, lens)
+        self._place(seqs, lens, computed=from_prefix_cache)  # a resumed cache keeps the version that computed it
         self._pending[r0 : r0 + len(seqs)] = torch.tensor([s.ids[-1] for s in seqs], device=self.device)
         if from_prefix_cache:
             self.stats.prefix_cache_hits += len(seqs)
@@ -185,6 +207,27 @@ class Admission:
             self.stats.prefill_tokens += len(seqs)  # each prompt's last token, fed as a decode row
         else:
             self.stats.restored_tokens += sum(lens)
+
+    def _place_extensions(self, seqs: list[Sequence]) -> list[tuple[Sequence, int]]:
+        """Admit continued sequences: copy each one's parked cache (a prefix of its ids) into its
+        row; ``Decoding._prefill_extensions`` prefills the ids past it this step. Returns
+        (sequence, cached length) in row order, by cached length so equal ones prefill together."""
+        pairs = sorted(((s, s.parked[0].shape[2]) for s in seqs), key=lambda p: p[1])
+        r0 = len(self._rows)
+        for i, (seq, _) in enumerate(pairs):
+            self._kv.import_row(r0 + i, seq.parked)
+            seq.parked = None
+        self._place([s for s, _ in pairs], [len(s.ids) for s, _ in pairs])  # same version (_parked_usable)
+        self.stats.restored_tokens += sum(n for _, n in pairs)
+        return pairs
+
+    def _cached_kv(self, seq: Sequence) -> tuple[list[torch.Tensor] | None, int | None]:
+        """A copy of a running ``seq``'s cached keys/values (``SlotKV.export_row``: its ids but the
+        last, which is fed at its next step) and the oldest policy version among them; (None,
+        None) when it has no row."""
+        if seq.row is None:
+            return None, None
+        return self._kv.export_row(seq.row, self._lens[seq.row]), seq.cache_version
 
     def _free(self, rows: list[int]) -> None:
         """Release ``rows``; the last running rows move into the holes so rows stay ``[0, n)``."""

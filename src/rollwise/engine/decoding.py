@@ -1,7 +1,8 @@
 """One step over the slot engine's running rows: the model forward (one decode token per
 running row, the admitted leaders prefilled in chunks of similar length, a prefix they all
-share prefilled once), length buckets for decode attention, and sampling (one host sync),
-after which finished rows leave (``SlotEngine.step``).
+share prefilled once, continued sequences prefilled past their copied-in cache), length
+buckets for decode attention, and sampling (one host sync), after which finished rows leave
+(``SlotEngine.step``; a ``keep_cache`` one with a copy of its cache).
 
 ``Decoding`` is a mixin of ``SlotEngine`` and works on its state: ``forward`` (the
 ``LlamaForward``), ``_rows``, ``_lens``, ``_kv``, the per-row device tensors (``_pending``,
@@ -22,8 +23,10 @@ from rollwise.engine.state import Sequence
 class Decoding:
     """Forward, bucketing and sampling over the running rows (a ``SlotEngine`` mixin)."""
 
-    def _run_model(self, n_decode: int, leaders: list[Sequence], followers: list[tuple[Sequence, int]]) -> torch.Tensor:
-        """Decode rows ``[0, n_decode)``, prefill the leaders; return next-token logits for every row [n, V]."""
+    def _run_model(self, n_decode: int, leaders: list[Sequence], followers: list[tuple[Sequence, int]],
+                   extensions: list[tuple[Sequence, int]]) -> torch.Tensor:
+        """Decode rows ``[0, n_decode)``, prefill the leaders, then the extensions past their cached
+        length; return next-token logits for every row [n, V]."""
         parts, hidden = [], []
         self.forward.capture_hidden = any(s.params.keep_hidden for s in self._rows)
         if n_decode:
@@ -63,8 +66,29 @@ class Decoding:
                 if self.forward.capture_hidden:
                     hidden[-len(chunks):] = [torch.cat(hidden[-len(chunks):])[pick]]
             parts.append(logits)
+        if extensions:
+            parts.append(self._prefill_extensions(extensions, hidden))
         self._hidden = torch.cat(hidden) if self.forward.capture_hidden else None  # [n, D], rows as the logits
         return (torch.cat(parts) if len(parts) > 1 else parts[0]).float()
+
+    def _prefill_extensions(self, pairs: list[tuple[Sequence, int]], hidden: list[torch.Tensor]) -> torch.Tensor:
+        """Prefill each continued sequence's ids past its cached length ``L`` (rows hold ``[0, L)``:
+        ``Admission._place_extensions``), one call per run of equal ``L``; return their logits [m, V]
+        and append the hidden states to ``hidden``."""
+        logits, a = [], 0
+        for b in range(1, len(pairs) + 1):
+            if b < len(pairs) and pairs[b][1] == pairs[a][1]:
+                continue
+            start = pairs[a][1]
+            suffixes = [s.ids[start:] for s, _ in pairs[a:b]]
+            width = max(map(len, suffixes))
+            ids = torch.tensor([x + [self.pad_token_id] * (width - len(x)) for x in suffixes], device=self.device)
+            logits.append(self.forward.prefill(self._kv, ids, [len(x) for x in suffixes], pairs[a][0].row, start))
+            hidden.append(self.forward.hidden)
+            self.stats.forward_calls += 1
+            self.stats.prefill_tokens += sum(map(len, suffixes))
+            a = b
+        return torch.cat(logits) if len(logits) > 1 else logits[0]
 
     def _prefill_shared_prefix(self, seqs: list[list[int]], row0: int) -> int:
         """When the leaders ``seqs`` (rows ``row0..``) begin with the same ``share_prefix_min`` or
@@ -155,11 +179,13 @@ class Decoding:
         self._free(done)
         return finished
 
-    @staticmethod
-    def _completion(seq: Sequence, reason: str) -> Completion:
+    def _completion(self, seq: Sequence, reason: str) -> Completion:
+        """``seq``'s result; with ``keep_cache``, a copy of its cache while it still holds its row
+        (None for a fork child forced to a stop token: it never had one)."""
+        kv, kv_version = self._cached_kv(seq) if seq.params.keep_cache else (None, None)
         return Completion(handle=seq.handle, prompt_ids=list(seq.prompt_ids), token_ids=seq.tokens,
                           logprobs=seq.logprobs, versions=seq.versions, finish_reason=reason, forced=seq.forced,
-                          hidden=seq.hidden)
+                          hidden=seq.hidden, kv=kv, kv_version=kv_version)
 
     def _record_candidates(self, rows: list[Sequence], logprobs: torch.Tensor) -> None:
         """Keep each asking row's ``top_candidates`` most likely tokens of this position (one more sync)."""

@@ -43,8 +43,13 @@ class Completion:
     logprobs: list[float]
     versions: list[int]
     finish_reason: str  # "stop" | "length"
-    forced: list[int] = field(default_factory=list)  # positions of tokens placed by fork, not sampled
+    forced: list[int] = field(default_factory=list)  # positions of tokens placed (fork, a continuation), not sampled
     hidden: object = None  # torch.Tensor [D]: final hidden state behind the last token (slot engine, keep_hidden)
+    # slot engine, SamplingParams.keep_cache: a copy of the cached keys/values (one [2, n_kv_heads,
+    # len(ids) - 1, head_dim] tensor per layer: every id but the last sampled one, never fed) and the
+    # oldest policy version among them; ``state.continuation`` turns them into a state to resume
+    kv: list | None = field(default=None, repr=False)
+    kv_version: int | None = None
 
 
 @dataclass

@@ -22,7 +22,8 @@ list to implement. Each tier adds to the one before:
 - ``BranchingEngine``: also works on live sequences. ``peek(handle)`` shows one's tokens so
   far, ``fork(handle, n)`` replaces it by ``n`` children sharing its prefix (each seeded
   ``state.child_seed(seed, i)``), ``pause(handles)`` stops them and returns ``PartialState``
-  records that ``resume(states)`` continues exactly, ``abort(handles)`` ends them for good,
+  records that ``resume(states)`` continues exactly (or a finished ``keep_cache`` sequence with
+  ids appended, ``state.continuation``: only those are prefilled), ``abort(handles)`` ends them for good,
   ``keep_prefixes(n)`` keeps the last ``n`` prompts' cached prefixes for later requests.
   Tree, LATR and APRIL rollouts, ARRoL's pruning and ``should_continue`` gates need it (each
   checks for the member it calls and names the engine it needs); ``SlotEngine`` keeps it.
@@ -107,7 +108,8 @@ class BranchingEngine(TokenEngine, Protocol):
         ...
 
     def resume(self, states: list[PartialState]) -> list[int]:
-        """Queue paused sequences to continue exactly where they stopped; return new handles."""
+        """Queue paused sequences to continue exactly where they stopped (or finished ones with ids
+        appended, ``state.continuation``); return new handles."""
         ...
 
     def abort(self, handles: list[int]) -> None:

@@ -20,6 +20,7 @@ class SamplingParams:
     seed: int | None = None
     top_candidates: int = 0  # keep the k most likely tokens of the latest position (branching strategies)
     keep_hidden: bool = False  # keep the final hidden state behind the latest token (slot engine; quality probes)
+    keep_cache: bool = False  # the Completion carries its cached keys/values, to continue it (slot engine; multi-turn)
 
     @property
     def is_plain(self) -> bool:

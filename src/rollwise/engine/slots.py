@@ -37,6 +37,13 @@ How it works:
   ``resume`` copies them back instead of recomputing (``stats.restored_tokens``): cheaper,
   but after a weight update the prefix's keys/values are the old policy's (an in-flight
   weight update, as PipelineRL does; the behaviour log-probs record what was sampled).
+- **Continue** (multi-turn episodes): a request with ``SamplingParams(keep_cache=True)``
+  finishes with a copy of its cache (``Completion.kv``, ``kv_version``); the caller appends
+  ids (a tool result) and resumes ``state.continuation(done, appended, ...)``, whose cache
+  covers a prefix of the ids: it is copied back and only the last sampled id and the appended
+  ones are prefilled (``stats.restored_tokens``, ``prefill_tokens``), never the conversation.
+  The appended ids are ``forced`` (log-prob 0.0). If the weights changed since the cache was
+  computed it is dropped and the conversation prefilled whole (``stats.reprefill_tokens``).
 - **Prompt prefixes** (``keep_prefixes(n)``): the engine keeps the cached keys/values of the
   last ``n`` prompts it prefilled (all positions but the last); a fresh request for one of
   them later copies that prefix in and feeds only the prompt's last token
@@ -154,9 +161,9 @@ class SlotEngine(Admission, Decoding, EngineLoop):
         """Admit queued requests into free slots and advance every running sequence by one token."""
         start = time.perf_counter()
         finished, self._early = self._early, []
-        n_decode, leaders, followers = self._admit()
+        n_decode, leaders, followers, extensions = self._admit()
         if self._rows:
-            logits = self._run_model(n_decode, leaders, followers)
+            logits = self._run_model(n_decode, leaders, followers, extensions)
             self._prefixes.remember(leaders, self._kv)
             finished += self._sample(logits)
             self.stats.steps += 1
@@ -208,7 +215,7 @@ class SlotEngine(Admission, Decoding, EngineLoop):
                 parent.prompt_ids, p, child_seed(parent.seed, i), tokens=list(parent.tokens),
                 logprobs=list(parent.logprobs), versions=list(parent.versions),
                 recompute=parent.recompute or parent.row is not None, forced=list(parent.forced),
-                candidates=parent.candidates,
+                candidates=parent.candidates, cache_version=parent.cache_version,
             )
             handles.append(child.handle)
             if tok is not None and tok != parent.tokens[-1]:
@@ -286,12 +293,11 @@ class SlotEngine(Admission, Decoding, EngineLoop):
                 self._queue.remove(seq)
             else:
                 freed.append(seq.row)
+            kv, kv_version = self._cached_kv(seq) if keep_cache else (None, None)
             states.append(PartialState(
                 prompt_ids=list(seq.prompt_ids), token_ids=list(seq.tokens), logprobs=list(seq.logprobs),
                 versions=list(seq.versions), params=seq.params, seed=seq.seed,
-                generator_state=seq.generator.get_state(), forced=list(seq.forced),
-                kv=self._kv.export_row(seq.row, self._lens[seq.row]) if keep_cache and seq.row is not None else None,
-                kv_version=self.version if keep_cache and seq.row is not None else None,
+                generator_state=seq.generator.get_state(), forced=list(seq.forced), kv=kv, kv_version=kv_version,
             ))
         self._free(freed)
         return states
@@ -304,27 +310,53 @@ class SlotEngine(Admission, Decoding, EngineLoop):
         self.stats.aborted_tokens += sum(len(st.token_ids) for st in states)
 
     def resume(self, states: list[PartialState]) -> list[int]:
-        """Queue paused sequences to continue where they stopped; return their new handles."""
+        """Queue paused or continued sequences (``state.continuation``) to sample on; return their
+        new handles.
+
+        A state's ``kv`` may cover all its ids but the last (``pause(keep_cache=True)``: copied
+        back, the last id re-fed) or a prefix of them (a finished ``keep_cache`` sequence with ids
+        appended since: copied back and the ids past it prefilled, unless the weights changed
+        since ``kv_version``; then it is prefilled whole). Without ``kv`` it is prefilled whole."""
         for st in states:
             if not st.prompt_ids:
                 raise ValueError("cannot resume a state with an empty prompt")
             if not len(st.token_ids) == len(st.logprobs) == len(st.versions):
                 raise ValueError("resume: token_ids, logprobs and versions must have equal lengths")
+            if any(not 0 <= i < len(st.token_ids) for i in st.forced):
+                raise ValueError(f"resume: forced positions {st.forced} must index token_ids ({len(st.token_ids)})")
             if len(st.token_ids) >= st.params.max_new_tokens:
-                raise ValueError("resume: this state already holds max_new_tokens tokens")
+                raise ValueError(f"resume: this state already holds {len(st.token_ids)} tokens (sampled or "
+                                 f"appended), max_new_tokens is {st.params.max_new_tokens}")
             self._check_fits(len(st.prompt_ids), st.params)
+            if st.kv is not None:
+                self._check_kv(st.kv, len(st.prompt_ids) + len(st.token_ids))
         handles = []
         for st in states:
             gen = torch.Generator(device=self.device)
-            gen.set_state(st.generator_state)
+            if st.generator_state is None:
+                gen.manual_seed(st.seed)
+            else:
+                gen.set_state(st.generator_state)
             seq = self._new_seq(list(st.prompt_ids), st.params, st.seed, generator=gen, tokens=list(st.token_ids),
                                 logprobs=list(st.logprobs), versions=list(st.versions), recompute=st.kv is None,
-                                forced=list(st.forced), parked=st.kv)
-            if st.kv is not None and st.kv[0].shape[2] != len(seq.ids) - 1:
-                raise ValueError("resume: the state's cached keys/values do not match its ids")
+                                forced=list(st.forced), parked=st.kv,
+                                cache_version=st.kv_version if st.kv is not None else None)
             self._queue.append(seq)
             handles.append(seq.handle)
         return handles
+
+    def _check_kv(self, kv: list[torch.Tensor], n_ids: int) -> None:
+        """A resumed state's cache must be this model's and cover at most its ids but the last."""
+        f = self.forward
+        want = (2, f.n_kv_heads, kv[0].shape[2] if kv else 0, f.head_dim)
+        if len(kv) != f.num_layers or any(tuple(t.shape) != want for t in kv):
+            raise ValueError(f"resume: the state's cached keys/values are not this model's: want {f.num_layers} "
+                             f"tensors of [2, n_kv_heads, L, head_dim] = {list(want)}, got "
+                             f"{[list(t.shape) for t in kv[:2]]}{'...' if len(kv) > 2 else ''} ({len(kv)} tensors)")
+        if want[2] > n_ids - 1:
+            raise ValueError(f"resume: the state's cached keys/values cover {want[2]} positions but its ids "
+                             f"(prompt + tokens) have {n_ids}: a cache covers at most all ids but the last "
+                             f"({n_ids - 1}); was it made for other ids?")
 
     # -- bookkeeping ----------------------------------------------------------------------
     def _new_seq(self, prompt_ids, params, seed, generator=None, **kw) -> Sequence:

@@ -1,5 +1,6 @@
 """Records of engine v2 (``slots.SlotEngine``): a sequence's host-side state, fork families,
-paused states, stats, and how fork children are seeded."""
+paused states (and ``continuation``, the state that continues a finished one), stats, and how
+fork children are seeded."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rollwise.engine.engine import EngineStats
+from rollwise.engine.engine import Completion, EngineStats
 from rollwise.engine.sampling import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -24,20 +25,46 @@ def child_seed(seed: int, index: int) -> int:
 
 @dataclass
 class PartialState:
-    """A paused sequence: what ``resume`` needs to continue it as if it had never stopped."""
+    """A paused sequence: what ``resume`` needs to continue it as if it had never stopped; or a
+    finished one with ids appended (``continuation``)."""
 
     prompt_ids: list[int]
     token_ids: list[int]  # completion so far
-    logprobs: list[float]  # behaviour log-prob of each completion token
+    logprobs: list[float]  # behaviour log-prob of each completion token (0.0 where forced)
     versions: list[int]  # policy version that sampled each completion token
     params: SamplingParams
     seed: int
-    generator_state: torch.Tensor  # torch.Generator.get_state() (a CPU uint8 tensor)
-    forced: list[int] = field(default_factory=list)  # positions placed by fork(replace_last=...)
-    # pause(keep_cache=True): the cached keys/values (one tensor per layer) and the policy
-    # version that computed them; resume reuses them instead of recomputing (never checkpointed)
+    generator_state: torch.Tensor | None  # torch.Generator.get_state(); None: a new generator seeded ``seed``
+    forced: list[int] = field(default_factory=list)  # positions placed (fork(replace_last=...), inserted ids)
+    # pause(keep_cache=True) or Completion.kv: cached keys/values (one [2, n_kv_heads, L, head_dim]
+    # tensor per layer, positions [0, L) of the ids) and the oldest policy version among them;
+    # resume reuses them instead of recomputing (never checkpointed)
     kv: list[torch.Tensor] | None = field(default=None, repr=False)
     kv_version: int | None = None
+
+
+def continuation(done: Completion, appended_ids: list[int], *, params: SamplingParams, seed: int,
+                 version: int) -> PartialState:
+    """The state that continues the finished ``done`` after the caller appended ``appended_ids``
+    (a tool result, the next user turn): ``SlotEngine.resume`` samples on from there.
+
+    The appended ids join ``token_ids`` as forced tokens (log-prob 0.0, version ``version``: pass
+    the engine's), so ``Completion.forced`` lists them and they take no loss. ``params`` applies
+    to the whole completion: ``max_new_tokens`` counts every token so far, sampled or appended.
+    With ``done.kv`` (``keep_cache``) only the last sampled id and ``appended_ids`` are
+    prefilled; without it, or after a weight update, the whole conversation is. Either way it
+    samples as a fresh request seeded ``seed`` whose prompt is the whole conversation would.
+    (With no ``appended_ids`` the cache covers all but the last id and is reused as
+    ``pause(keep_cache=True)``'s is, even after a weight update.)
+    E.g. ``engine.resume([continuation(done, tool_ids, params=p, seed=s + 1, version=engine.version)])``.
+    """
+    start, appended = len(done.token_ids), list(appended_ids)
+    return PartialState(
+        prompt_ids=list(done.prompt_ids), token_ids=done.token_ids + appended,
+        logprobs=done.logprobs + [0.0] * len(appended), versions=done.versions + [version] * len(appended),
+        params=params, seed=seed, generator_state=None,
+        forced=done.forced + list(range(start, start + len(appended))), kv=done.kv, kv_version=done.kv_version,
+    )
 
 
 @dataclass
@@ -109,12 +136,13 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
-    forced: list[int] = field(default_factory=list)  # positions of tokens placed by fork, not sampled
+    forced: list[int] = field(default_factory=list)  # positions of tokens placed (fork, a continuation), not sampled
     candidates: list[tuple[int, float]] | None = None  # top tokens (id, logprob) of the latest position
     hidden: torch.Tensor | None = None  # [D] final hidden state behind the latest token (params.keep_hidden)
     family: ForkFamily | None = None
     recompute: bool = False  # its ids were computed before (resumed, or a running parent's child)
     parked: list[torch.Tensor] | None = None  # resumed with its cache: copied in on admission, not computed
+    cache_version: int | None = None  # oldest policy version among its cached keys/values (parked or in its row)
     row: int | None = None  # cache row while running
 
     @property

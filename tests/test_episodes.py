@@ -223,3 +223,94 @@ def test_the_environment_reward_is_a_component():
     assert [g.rollouts[0].reward for g in groups] == [1.0, 0.0]
     assert groups[0].rollouts[0].reward_components == {"environment": 1.0}
     assert groups[0].rollouts[0].turns[1].state == "7:correct"
+
+
+# -- hermes through a chat template (ChatML, which ignores `tools`, as SmolLM2's does) ----------------
+@pytest.fixture(scope="module")
+def chat_tok(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from qwen2model import build_qwen2
+
+    return AutoTokenizer.from_pretrained(build_qwen2(tmp_path_factory.mktemp("qwen2") / "model"))
+
+
+def test_hermes_episode_inserts_the_templates_tool_message_ids(chat_tok):
+    tok = chat_tok
+    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "12*34"}}</tool_call>'
+    script = lambda text: "408" if "<|im_start|>tool" in text else call  # noqa: E731
+    params = SamplingParams(temperature=1.0, max_new_tokens=200, stop_token_ids=(tok.eos_token_id,))
+    episodes = EpisodeSampler(params, tok, lambda: EpisodeEnv(Calculator(), 5.0, 2000), HERMES)
+    engine = ScriptedEngine(tok, script)
+    (group,), _ = episodes.generate(engine, [Prompt("p", "What is 12*34?", messages=[
+        {"role": "user", "content": "What is 12*34?"}])], [1], seed=0)
+    (r,) = group.rollouts
+    # the template ignores tools, so they are described in a system message the model sees first
+    assert engine.prompts[0].startswith("<|im_start|>system\nYou can call these tools.")
+    assert '"name": "calculate"' in engine.prompts[0]
+    ids = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    first_end = r.turns[0].end
+    inserted = r.completion_ids[first_end: r.turns[1].start]
+    assert inserted == ids("\n<|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n")
+    # the second turn's prompt is the first prompt + the exact ids so far, never re-tokenized text
+    assert r.completion_ids[:first_end] == ids(call) + [tok.eos_token_id]
+    assert r.loss_weights[first_end: r.turns[1].start] == [0] * len(inserted)
+    assert r.messages[1] == {"role": "tool", "name": "calculate", "content": "408"}
+
+
+# -- on the slot engine: turns continue from the kept cache, token-faithfully --------------------
+class AlwaysCall(type(PLAIN)):
+    """Every finished turn calls the calculator (a random tiny model never writes a call itself)."""
+
+    def parse(self, text):
+        return [ToolCall("calculate", {"expression": "6*7"})]
+
+
+class NoResume:
+    """The engine without ``resume``: the episode loop re-submits the whole conversation each turn."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def submit(self, requests):
+        return self.engine.submit(requests)
+
+    def run_until(self, condition=None):
+        return self.engine.run_until(condition)
+
+
+def _tiny_episodes(engine_wrap=lambda e: e):
+    import torch
+
+    from rollwise.engine.slots import SlotEngine
+    from rollwise.model.tiny import build_tiny
+
+    model, tok = build_tiny("tiny", seed=0)
+    engine = SlotEngine(model, pad_token_id=tok.pad_token_id, max_batch_size=8, seed=0)
+    stops = tuple(tok(c, add_special_tokens=False)["input_ids"][0] for c in "abcdefghij0123456789")
+    params = SamplingParams(temperature=1.0, max_new_tokens=120, stop_token_ids=stops + (tok.eos_token_id,))
+    sampler = EpisodeSampler(params, tok, lambda: EpisodeEnv(Calculator(), 5.0, 2000), AlwaysCall(), max_turns=3)
+    prompts = [Prompt(f"p{i}", f"q{i}: ", token_ids=[]) for i in range(2)]
+    groups, _ = sampler.generate(engine_wrap(engine), prompts, [2, 2], seed=3)
+    return model, tok, engine, groups, torch
+
+
+def test_slot_engine_episodes_keep_the_cache_and_equal_the_naive_loop():
+    model, tok, engine, groups, torch = _tiny_episodes()
+    _, _, naive_engine, naive, _ = _tiny_episodes(NoResume)
+    rollouts = [r for g in groups for r in g.rollouts]
+    assert [r.completion_ids for r in rollouts] == [r.completion_ids for g in naive for r in g.rollouts]
+    assert all(len(r.turns) == 3 for r in rollouts)  # three turns, two insertions each
+    # only the appended ids (and each turn's last sampled id) are prefilled after the first turn
+    assert engine.stats.prefill_tokens < naive_engine.stats.prefill_tokens
+    assert engine.stats.restored_tokens > 0 and naive_engine.stats.restored_tokens == 0
+    # every sampled id's behaviour log-prob is the model's own on the exact ids; inserted ids are masked
+    for r in rollouts:
+        ids = torch.tensor([r.prompt_ids + r.completion_ids])
+        with torch.no_grad():
+            logp = model(ids).logits[0, len(r.prompt_ids) - 1: -1].float().log_softmax(-1)
+        own = logp.gather(-1, torch.tensor(r.completion_ids)[:, None])[:, 0]
+        sampled = torch.tensor(r.loss_weights, dtype=torch.bool)
+        assert torch.allclose(torch.tensor(r.behavior_logprobs)[sampled], own[sampled], atol=1e-4)
+        assert all(lp == 0.0 for lp, w in zip(r.behavior_logprobs, r.loss_weights) if w == 0)
+        assert tok.decode([i for i, w in zip(r.completion_ids, r.loss_weights) if w == 0]).count("<result>42</result>") == 2

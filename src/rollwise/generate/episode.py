@@ -26,8 +26,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from rollwise.engine.engine import Completion, Request
 from rollwise.engine.sampling import SamplingParams
 from rollwise.engine.state import PartialState
@@ -98,9 +96,15 @@ class EpisodeSampler(Generator):
         messages = [dict(m) for m in (prompt.messages or [{"role": "user", "content": prompt.text}])]
         if extra:
             messages[-1]["content"] += extra
-        ids = tok.apply_chat_template(messages, tools=schemas or None,
-                                      add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        ids = _render(tok, messages, True, tools=schemas or None)
+        if schemas and ids == _render(tok, messages, True):  # the template ignores tools: say them in a system message
+            system = self.fmt.system_prompt(schemas)
+            if messages[0]["role"] == "system":
+                messages[0]["content"] += "\n\n" + system
+            else:
+                messages.insert(0, {"role": "system", "content": system})
+            ids = _render(tok, messages, True)
+        return ids
 
     def _sample_turn(self, engine, live: list[Episode], seed: int, turn: int) -> list[Completion]:
         """The next turn of every live episode, in one engine run."""
@@ -120,11 +124,9 @@ class EpisodeSampler(Generator):
     def _state(self, ep: Episode, params: SamplingParams) -> PartialState:
         """Continue ``ep`` after its inserted ids, from its cached keys/values."""
         full = replace(params, max_new_tokens=self.params.max_new_tokens, keep_cache=True)
-        gen = torch.Generator().manual_seed(params.seed)
         return PartialState(prompt_ids=ep.prompt_ids, token_ids=list(ep.ids), logprobs=list(ep.logprobs),
                             versions=list(ep.versions), params=full, seed=params.seed,
-                            generator_state=gen.get_state(), forced=list(ep.forced), kv=ep.kv,
-                            kv_version=ep.kv_version)
+                            generator_state=None, forced=list(ep.forced), kv=ep.kv, kv_version=ep.kv_version)
 
     def _absorb(self, ep: Episode, c: Completion, turn: int, counts: dict) -> None:
         """Add turn ``turn``'s completion to ``ep``; run its tool calls and insert their results."""
@@ -187,11 +189,7 @@ def chat_suffix_ids(tokenizer, tool_messages: list[dict]) -> list[int]:
     calls = [{"type": "function", "function": {"name": m["name"], "arguments": {}}} for m in tool_messages]
     stand_in = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": calls}]
 
-    def render(messages, generation_prompt):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-    prefix, full = render(stand_in, False), render(stand_in + tool_messages, True)
+    prefix, full = _render(tokenizer, stand_in, False), _render(tokenizer, stand_in + tool_messages, True)
     eos = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
     if eos:
         prefix = prefix[: eos[-1] + 1]
@@ -199,3 +197,8 @@ def chat_suffix_ids(tokenizer, tool_messages: list[dict]) -> list[int]:
         raise ValueError("the chat template renders the conversation before the tool messages differently once they "
                          "are added: cannot insert tool results token-faithfully with this template")
     return full[len(prefix):]
+
+
+def _render(tokenizer, messages: list[dict], generation_prompt: bool, tools=None) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

@@ -81,6 +81,17 @@ class Hermes(ToolFormat):
         return ToolCall(obj["name"], args)
 
 
+    @staticmethod
+    def system_prompt(schemas: list[dict]) -> str:
+        """The tools and the call format, as Hermes-style templates render them: for chat templates
+        that ignore ``tools`` (SmolLM2's, plain ChatML), given to the model as a system message."""
+        listed = "\n".join(json.dumps(s, sort_keys=True) for s in schemas)
+        return ("You can call these tools. Their signatures are inside <tools></tools>:\n<tools>\n" + listed
+                + "\n</tools>\nTo call one, reply with <tool_call>{\"name\": <tool name>, \"arguments\": "
+                "<arguments object>}</tool_call>; its result comes back in a tool message. When you know the answer, "
+                "reply without a tool call.")
+
+
 class Plain(ToolFormat):
     name = "plain"
     _block = re.compile(r"<call>(.*?)(</call>|$)", re.DOTALL)

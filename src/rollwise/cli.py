@@ -306,5 +306,14 @@ def bench_sandbox(json_path: JsonOpt = None, set_: SetOpt = None):
     _report(run_sandbox_bench(overrides=set_ or [], console=console), json_path)
 
 
+@bench_app.command("multiturn")
+@friendly_errors
+def bench_multiturn(json_path: JsonOpt = None, set_: SetOpt = None):
+    """Multi-turn episodes: prefill tokens and episodes/s with the KV kept across turns vs re-prefilled each turn."""
+    from rollwise.bench.multiturn import run_multiturn_bench
+
+    _report(run_multiturn_bench(overrides=set_ or [], console=console), json_path)
+
+
 if __name__ == "__main__":
     app()

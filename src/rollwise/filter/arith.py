@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from rollwise.filter.rewards import as_text
 from rollwise.types import Score
 
 _ANSWER = re.compile(r"#\s*(-?\d+)\s*$")
@@ -28,7 +29,7 @@ def arith_reward(prompts, completions, answer, **_) -> list[float]:
     """
     out = []
     for completion, expected in zip(completions, answer):
-        got = parse_answer(completion)
+        got = parse_answer(as_text(completion))
         if got is None:
             out.append(Score(0.0, "no final '#<integer>' answer"))
         elif got != int(expected):

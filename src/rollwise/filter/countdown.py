@@ -14,6 +14,7 @@ import ast
 from collections import Counter
 from fractions import Fraction
 
+from rollwise.filter.rewards import as_text
 from rollwise.types import Score
 
 MAX_CHARS = 200  # longer expressions score 0 without being parsed
@@ -129,4 +130,4 @@ def countdown_reward(prompts, completions, nums, target, **_) -> list[float]:
     >>> countdown_reward(["nums 3 7 25 target 46:"] * 2, [" 25+3*7=46", " 25+7=32"], [[3, 7, 25]] * 2, [46] * 2)
     [1.0, 0.0]
     """
-    return [check(c, n, t) for c, n, t in zip(completions, nums, target)]
+    return [check(as_text(c), n, t) for c, n, t in zip(completions, nums, target)]

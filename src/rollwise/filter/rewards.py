@@ -79,9 +79,11 @@ def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict
     rollouts = [(g, r) for g in groups for r in g.rollouts]
     # TRL's formats: conversational prompts get message lists on both sides, others plain text
     prompts = [g.prompt.messages if g.prompt.messages is not None else g.prompt.text for g, _ in rollouts]
-    completions = [  # a multi-turn episode: its whole conversation (assistant turns and tool messages)
-        r.messages if r.messages is not None else
-        [{"role": "assistant", "content": r.completion_text}] if g.prompt.messages is not None else r.completion_text
+    # a multi-turn episode of a conversational prompt: its whole conversation (assistant turns and tool
+    # messages); of a plain prompt: its text, inserted results included
+    completions = [
+        (r.messages or [{"role": "assistant", "content": r.completion_text}]) if g.prompt.messages is not None
+        else r.completion_text
         for g, r in rollouts
     ]
     completion_ids = [r.completion_ids for _, r in rollouts]

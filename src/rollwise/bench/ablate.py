@@ -86,12 +86,12 @@ def ratio_presets() -> list[str]:
 def default_arms(regimes: list[str] = ("epochs2", "async1")) -> list[str]:
     """Every implemented method id, as ``stage:id`` (baselines and aliases left out), then the
     ratio presets in each off-policy regime (``objective:<id>@<regime>``)."""
-    from rollwise.control import CONTROLLERS
+    from rollwise.control import CONTROLLERS, EPISODES_ONLY
     from rollwise.generate import STRATEGIES
     from rollwise.replay import REPLAY_METHODS
 
     return ([f"objective:{n}" for n in distinct_presets()] + [f"strategy:{n}" for n in STRATEGIES if n != "group"]
-            + [f"control:{n}" for n in CONTROLLERS if n != "none"]
+            + [f"control:{n}" for n in CONTROLLERS if n != "none" and n not in EPISODES_ONLY]  # single-turn tasks
             + [f"replay:{n}" for n in REPLAY_METHODS if n != "none"]
             + [f"objective:{n}@{r}" for r in regimes for n in ratio_presets()])
 

@@ -39,10 +39,10 @@ from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, departs_at, gr
                                     rl_sets, seed_sets, session, table, task_sets, task_warm_start, threads_set,
                                     tokens_ratios, tokens_to_reach, train_run, write_json)
 from rollwise.bench.ledger import delta
-from rollwise.control import CONTROLLERS
+from rollwise.control import CONTROLLERS, EPISODES_ONLY
 
 __all__ = ["NOISE_FLOOR", "run_control_bench", "summarize", "tokens_to_reach", "zero_signal_share"]
-ARMS = tuple(CONTROLLERS)
+ARMS = tuple(n for n in CONTROLLERS if n not in EPISODES_ONLY)  # the bench tasks are single-turn
 KEEP = ("control/", "arrol/", "groups/zero_signal", "groups/trained", "rollouts/trained", "tokens/generated")
 
 

@@ -22,10 +22,12 @@ from rollwise.control.difficulty import DifficultyConfig
 from rollwise.control.dynamic_sampling import DynamicSamplingConfig
 from rollwise.control.gdro import GdroConfig
 from rollwise.control.stats import PromptStats
+from rollwise.control.trace import TraceConfig
 from rollwise.control.vade import VadeConfig
 from rollwise.control.xrpo import XrpoConfig
 
-__all__ = ["CONTROLLERS", "ControlConfig", "Controller", "PromptCursor", "PromptStats", "build_controller"]
+__all__ = ["CONTROLLERS", "EPISODES_ONLY", "ControlConfig", "Controller", "PromptCursor", "PromptStats",
+           "build_controller"]
 
 CONTROLLERS = {
     "none": "no control: the next prompts, num_generations rollouts each, every group trained",
@@ -36,7 +38,10 @@ CONTROLLERS = {
     "dars": "DARS: extra G-rollout rounds for hard prompts until G/2 correct or 4G (breadth: DARS-B)",
     "difficulty_select": "sample prompts by estimated a(1-a), a from attention over rolled-out references",
     "arrol": "ARRoL: start 2G, prune to G at a segment by a probe on hidden states (balanced survivors)",
+    "trace": "TRACE (episodes): G/2 episodes, the rest restarted from turn prefixes of highest p(1-p)/(1+n)",
 }
+
+EPISODES_ONLY = ("trace",)  # controllers that allocate over the turns of multi-turn episodes (rollout.environment)
 
 
 class ControlConfig(StrictModel):
@@ -50,6 +55,7 @@ class ControlConfig(StrictModel):
     difficulty_select: DifficultyConfig = Field(default_factory=DifficultyConfig,
                                                 description="method=difficulty_select options")
     arrol: ArrolConfig = Field(default_factory=ArrolConfig, description="method=arrol options")
+    trace: TraceConfig = Field(default_factory=TraceConfig, description="method=trace options")
 
 
 def check_composition(control: ControlConfig, rollout) -> None:
@@ -67,6 +73,9 @@ def check_composition(control: ControlConfig, rollout) -> None:
     if m == "arrol" and rollout.engine == "v1":
         raise ConfigError("control.method=arrol prunes inside generation and needs the slot engine; set "
                           "rollout.engine=slots or auto (Llama/Qwen2/Mistral models)")
+    if m in EPISODES_ONLY and rollout.environment is None:
+        raise ConfigError(f"control.method={m} allocates rollouts over the turns of multi-turn episodes; set "
+                          "rollout.environment (e.g. guess_number, calculator) or choose another control.method")
     g = rollout.num_generations
     if m == "xrpo_alloc" and control.xrpo_alloc.initial > g:
         n0 = control.xrpo_alloc.initial
@@ -76,7 +85,7 @@ def check_composition(control: ControlConfig, rollout) -> None:
     if m == "gdro" and control.gdro.mode != "prompt" and control.gdro.min_rollouts > g:
         raise ConfigError(f"control.gdro.min_rollouts={control.gdro.min_rollouts} exceeds rollout.num_generations={g}: "
                           "the minimums alone exceed the step's budget; lower control.gdro.min_rollouts")
-    if m in ("dynamic_sampling", "xrpo_alloc", "gdro", "dars") and g < 2:
+    if m in ("dynamic_sampling", "xrpo_alloc", "gdro", "dars", "trace") and g < 2:
         raise ConfigError(f"control.method={m} needs groups of at least 2 rollouts to see a spread; "
                           "set rollout.num_generations >= 2")
 
@@ -89,6 +98,7 @@ def build_controller(control: ControlConfig, rollout, seed: int, embed=None) -> 
     from rollwise.control.difficulty import DifficultySelect
     from rollwise.control.dynamic_sampling import DynamicSampling
     from rollwise.control.gdro import Gdro
+    from rollwise.control.trace import Trace
     from rollwise.control.vade import Vade
     from rollwise.control.xrpo import XrpoAlloc
 
@@ -109,4 +119,6 @@ def build_controller(control: ControlConfig, rollout, seed: int, embed=None) -> 
         return DifficultySelect(control.difficulty_select, embed=embed, **kw)
     if m == "arrol":
         return Arrol(control.arrol, max_new_tokens=rollout.max_new_tokens, **kw)
+    if m == "trace":
+        return Trace(control.trace, **kw)
     return Controller(**kw)

@@ -81,6 +81,7 @@ class Controller:
     max_rounds = 0  # extra rounds (extend + refill) this controller may run per step
     refills_dropped_groups = False  # accept() may drop groups, and the loop refills them with fresh prompts
     prunes_in_generation = False  # prunes inside generation: the trainer samples with generate/pruned.py, this as its pruner
+    restarts_episodes = False  # plans episode restarts from turn prefixes: generate/trace_episodes.py asks it (trace)
 
     def __init__(self, seed: int = 0, num_generations: int = 8) -> None:
         self.seed = seed

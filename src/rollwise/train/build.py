@@ -115,4 +115,8 @@ def episode_sampler(rollout, params, tokenizer, controller):
     except ValueError as err:
         raise ConfigError(f"rollout.tool_format: {err}") from None
     envs = episode_envs(rollout.environment, rollout.tool_timeout, rollout.tool_output_chars)
+    if controller.restarts_episodes:  # trace: the second pass restarts episodes from turn prefixes it plans
+        from rollwise.generate.trace_episodes import TraceEpisodeSampler
+
+        return TraceEpisodeSampler(params, tokenizer, envs, fmt, rollout.max_turns, planner=controller)
     return EpisodeSampler(params, tokenizer, envs, fmt, rollout.max_turns)

@@ -32,6 +32,8 @@ def config(tmp_path, name, *extra):
     ["control.method=gdro", "rollout.strategy=tree"],  # the bins' loss EMAs
     ["control.method=dynamic_sampling"],  # refills move the data cursor
     ["control.method=arrol", "control.arrol.min_examples=16"],  # the probe's buffer and weights
+    # episodes: done within their step (slow: minutes on a loaded 2-core machine)
+    pytest.param(["rollout.environment=calculator", "rollout.max_turns=2"], marks=pytest.mark.slow),
 ])
 def test_resume_leaves_the_files_of_the_uninterrupted_run(tmp_path, extra):
     sets = ["train.steps=8", "train.eval_every=4", "train.checkpoint_every=3", *extra]

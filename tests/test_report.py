@@ -121,6 +121,8 @@ def runs(tmp_path_factory):
     with (hostile / "samples.jsonl").open("a") as f:
         f.write(json.dumps({"step": 4, "prompt": "1+1=" + HOSTILE, "completion": HOSTILE, "reward": 1.0,
                             "reasons": {"arith": "ok " + HOSTILE}, "answer": HOSTILE}) + "\n")
+        f.write(json.dumps({"step": 4, "prompt": "6*7=", "completion": "x", "reward": 1.0, "reasons": {}, "answer": "42",
+                            "messages": EPISODE}) + "\n")
     tree = jsonl(hostile / "trees.jsonl")[-1]
     tree["nodes"][-1]["text"] = HOSTILE
     tree["leaves"][0] |= {"correct": True, "reward": 1.0}
@@ -128,6 +130,10 @@ def runs(tmp_path_factory):
         f.write(json.dumps(tree) + "\n")
     return {"root": root, "group": root / "group", "tree": root / "tree", "hostile": hostile,
             "trainer": trainer, "tree_report": tree_report}
+
+
+EPISODE = [{"role": "assistant", "content": '<tool_call>{"name": "calculate"}</tool_call>' + HOSTILE},
+           {"role": "tool", "name": "calculate", "content": "42"}, {"role": "assistant", "content": "42"}]
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +243,11 @@ def test_hostile_text_renders_as_text(runs):
     assert len(dom.find_all("img")) == len(dom.by_id("curves").find_all("img"))
     completions = [pre.text() for pre in dom.by_id("samples").find_all("pre", cls="completion")]
     assert completions[-1] == HOSTILE  # shown as the characters the model wrote
+    # a multi-turn episode is shown as its conversation: turns and tool results in order, escaped
+    (conversation,) = dom.by_id("samples").find_all("div", cls="conversation")
+    turns = conversation.find_all("div", cls="turn")
+    assert [t.find_all("span", cls="role")[0].text() for t in turns] == ["assistant", "tool calculate", "assistant"]
+    assert [t.find_all("pre")[0].text() for t in turns] == [m["content"] for m in EPISODE]
     assert any(code.text() == HOSTILE for code in dom.by_id("trees").find_all("code"))
     raw = out.read_text()
     assert "<script>alert" not in raw and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in raw

@@ -72,6 +72,7 @@ def evaluate(
     kept = [
         {"prompt": g.prompt.text, "completion": g.rollouts[0].completion_text, "reward": g.rollouts[0].reward,
          "reasons": g.rollouts[0].reward_reasons, "answer": g.prompt.answer}
+        | ({"messages": g.rollouts[0].messages} if g.rollouts[0].messages is not None else {})
         for g in groups[:keep]
     ]
     return EvalResult(sum(correct) / len(correct), pass_at, sum(lengths) / len(lengths), kept, maj_at,

@@ -27,6 +27,8 @@ pre { white-space: pre-wrap; word-break: break-word; margin: 4px 0; background: 
 .tree ul { list-style: none; padding-left: 22px; border-left: 1px dashed #bbb; margin: 2px 0; }
 .tree code { background: #eef3fb; padding: 1px 4px; white-space: pre-wrap; }
 .meta { color: #666; font-size: 12px; } button { margin-right: 6px; }
+.turn { margin: 4px 0 4px 12px; } .turn .role { color: #666; font-size: 12px; }
+.turn.tool pre { background: #eef7ee; } .turn.assistant pre { background: #f7f7f9; }
 """
 
 FILTER_JS = """
@@ -98,6 +100,23 @@ def _reasons(reasons) -> str:
     return "; ".join(f"{_e(str(k))}: {_e(str(v))}" for k, v in reasons.items())
 
 
+def _completion_html(sample: dict) -> str:
+    """The completion; a multi-turn episode (``messages``) as its conversation: each assistant turn and
+    tool result in order, the tool calls as the model wrote them."""
+    messages = sample.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return f"<pre class=\"completion\">{_e(str(sample.get('completion', '')))}</pre>"
+    turns = []
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        role = str(m.get("role", ""))
+        who = f"tool {m.get('name', '')}" if role == "tool" else role
+        turns.append(f"<div class=\"turn {_e(role)}\"><span class=\"role\">{_e(who)}</span>"
+                     f"<pre>{_e(str(m.get('content', '')))}</pre></div>")
+    return f"<div class=\"conversation\">{''.join(turns)}</div>"
+
+
 def samples_section(runs: list[Run]) -> str:
     items = []
     for run in runs:
@@ -110,7 +129,7 @@ def samples_section(runs: list[Run]) -> str:
                 f" · answer <code>{_e(str(s.get('answer')))}</code> · <span class=\"mark {mark}\">"
                 f"{'✓ correct' if ok else '✗ wrong'}</span></div>"
                 f"<pre class=\"prompt\">{_e(str(s.get('prompt', '')))}</pre>"
-                f"<pre class=\"completion\">{_e(str(s.get('completion', '')))}</pre>"
+                f"{_completion_html(s)}"
                 f"<div class=\"reasons\">{_reasons(s.get('reasons'))}</div></div>")
     n_ok = sum(sample_correct(s) for r in runs for s in r.samples)
     buttons = ("<div id=\"sample-filter\" hidden><button data-show=\"all\">all</button>"

@@ -68,7 +68,7 @@ class EpisodeSampler(Generator):
     def generate(self, engine, prompts: list[Prompt], budgets: list[int],
                  seed: int) -> tuple[list[RolloutGroup], dict[str, float]]:
         episodes = [self._start(p, pi, j) for pi, (p, n) in enumerate(zip(prompts, budgets)) for j in range(n)]
-        counts = dict.fromkeys(("tool_calls", "prefill_saved", *ERROR_KINDS, "truncated"), 0)
+        counts = dict.fromkeys(("tool_calls", *ERROR_KINDS, "truncated"), 0)
         for turn in range(self.max_turns):
             live = [e for e in episodes if not e.done]
             if not live:

@@ -317,7 +317,9 @@ def test_slot_engine_episodes_keep_the_cache_and_equal_the_naive_loop():
 
 
 # -- training on episodes ---------------------------------------------------------------------------
-def test_rl_steps_on_episodes_train_the_sampled_ids_only(tmp_path):
+@pytest.mark.parametrize("mode", [[], ["train.mode=async", "train.max_staleness=1", "train.generation_threads=1"]],
+                         ids=["sync", "async"])
+def test_rl_steps_on_episodes_train_the_sampled_ids_only(tmp_path, mode):
     from dataclasses import replace
 
     import torch
@@ -328,22 +330,22 @@ def test_rl_steps_on_episodes_train_the_sampled_ids_only(tmp_path):
     cfg = load_run_config(None, [f"output_dir={tmp_path}", "task.max_digits=2", "task.eval_size=4",
                                  "rollout.prompts_per_step=2", "rollout.num_generations=4", "rollout.max_new_tokens=60",
                                  "rollout.environment=calculator", "rollout.max_turns=3", "optim.micro_batch_size=8",
-                                 "model.threads=1", "train.eval_samples=0", "optim.lr=1e-2"])
-    trainer = Trainer(cfg)
-    trainer.prepare()
-    tok = trainer.tokenizer
-    stops = tuple(tok(c, add_special_tokens=False)["input_ids"][0] for c in "0123456789")
-    gen = trainer.generator
-    assert isinstance(gen, EpisodeSampler) and gen.fmt is PLAIN  # the tiny model has no chat template
-    gen.fmt, gen.params = AlwaysCall(), replace(gen.params, stop_token_ids=stops + (tok.eos_token_id,))
-    from rollwise.filter.rewards import RewardFn  # a reward with signal for a random model: even length
+                                 "model.threads=1", "train.eval_samples=0", "optim.lr=1e-2", *mode])
+    with Trainer(cfg) as trainer:
+        trainer.prepare()
+        tok = trainer.tokenizer
+        stops = tuple(tok(c, add_special_tokens=False)["input_ids"][0] for c in "0123456789")
+        gen = trainer.generator
+        assert isinstance(gen, EpisodeSampler) and gen.fmt is PLAIN  # the tiny model has no chat template
+        gen.fmt, gen.params = AlwaysCall(), replace(gen.params, stop_token_ids=stops + (tok.eos_token_id,))
+        from rollwise.filter.rewards import RewardFn  # a reward with signal for a random model: even length
 
-    trainer.reward_fns = [RewardFn("even", lambda prompts, completions, **_: [float(len(c) % 2 == 0)
-                                                                            for c in completions])]
-    before = [p.detach().clone() for p in trainer.model.parameters()]
-    metrics = [trainer.step() for _ in range(2)]
-    assert all(m["episode/tool_calls"] > 0 and m["episode/turns_mean"] > 1 for m in metrics)
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+        trainer.reward_fns = [RewardFn("even", lambda prompts, completions, **_: [float(len(c) % 2 == 0)
+                                                                                for c in completions])]
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+        metrics = [trainer.step() for _ in range(2)]
+        assert all(m["episode/tool_calls"] > 0 and m["episode/turns_mean"] > 1 for m in metrics)
+        assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
     # a wrong config is refused with the fix
     with pytest.raises(ConfigError, match="rollout.strategy=group"):
         Trainer(load_run_config(None, [f"output_dir={tmp_path}/b", "rollout.environment=calculator",

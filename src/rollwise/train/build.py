@@ -64,8 +64,6 @@ def async_threads(cfg) -> int:
         raise ConfigError(f"train.mode=async with max_staleness={t.max_staleness} trains on tokens sampled by older "
                           "policies, but objective.tis_mode=none does not correct for it; set objective.tis_mode "
                           "(e.g. token_truncate: objective.method=decoupled_ppo) or train.max_staleness=0")
-    if cfg.rollout.environment is not None:
-        raise ConfigError("rollout.environment with train.mode=async is not supported yet; set train.mode=sync")
     if cfg.rollout.strategy == "april":
         raise ConfigError("rollout.strategy=april with train.mode=async: APRIL carries partial rollouts into later "
                           "steps, past the staleness bound; async already overlaps generation with the update — use "

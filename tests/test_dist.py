@@ -267,3 +267,14 @@ def test_without_ray_installed_workers_are_a_config_error(monkeypatch):
 def test_combinations_workers_cannot_run_are_config_errors(tmp_path, warm, extra, match):
     with pytest.raises(ConfigError, match=match):
         Trainer(load_run_config(None, sets(tmp_path, warm, "bad", "rollout.workers=2", *extra)))
+
+
+def test_episodes_on_two_workers_equal_the_in_process_run(tmp_path, warm, cluster):
+    """``rollout.environment`` with workers: each worker runs the episodes of its prompts with its own
+    environments; the trained batches and weights equal the in-process run's."""
+    env = ["rollout.environment=calculator", "rollout.max_turns=2"]
+    local, _, local_weights, _ = run(tmp_path / "local", warm, "episodes-local", *env)
+    batches, steps, weights, moved = run(tmp_path / "dist", warm, "episodes-dist", "rollout.workers=2", *env)
+    assert moved and batches == local
+    assert all(torch.equal(weights[k], local_weights[k]) for k in weights)
+    assert all("episode/tool_calls" in m for m in steps)

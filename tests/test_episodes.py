@@ -350,3 +350,36 @@ def test_rl_steps_on_episodes_train_the_sampled_ids_only(tmp_path, mode):
     with pytest.raises(ConfigError, match="rollout.strategy=group"):
         Trainer(load_run_config(None, [f"output_dir={tmp_path}/b", "rollout.environment=calculator",
                                        "rollout.strategy=tree"])).prepare()
+
+
+# -- rollout workers: the environment runs where sampling runs ------------------------------------
+def test_a_worker_shard_samples_the_episodes_the_whole_step_samples():
+    """A worker gets the step's whole prompt list with budget 0 for the others' prompts: its episodes
+    are the ones the in-process run samples for those prompts (seeds follow the prompt's slot)."""
+    from rollwise.engine.slots import SlotEngine
+    from rollwise.model.tiny import build_tiny
+
+    model, tok = build_tiny("tiny", seed=0)
+    stops = tuple(tok(c, add_special_tokens=False)["input_ids"][0] for c in "abcdefghij0123456789")
+    params = SamplingParams(temperature=1.0, max_new_tokens=80, stop_token_ids=stops + (tok.eos_token_id,))
+    prompts = [Prompt(f"p{i}", f"q{i}: ") for i in range(4)]
+
+    def sample(budgets):
+        sampler = EpisodeSampler(params, tok, lambda: EpisodeEnv(Calculator(), 5.0, 2000), AlwaysCall(), max_turns=2)
+        engine = SlotEngine(model, pad_token_id=tok.pad_token_id, max_batch_size=8, seed=0)
+        groups, _ = sampler.generate(engine, prompts, budgets, seed=5)
+        return [[r.completion_ids for r in g.rollouts] for g in groups]
+
+    whole, left, right = sample([2, 2, 2, 2]), sample([2, 0, 2, 0]), sample([0, 2, 0, 2])
+    assert [left[0], right[1], left[2], right[3]] == whole and left[1] == right[0] == []
+
+
+def test_a_rollout_worker_builds_the_runs_environment(tmp_path):
+    from rollwise.dist.worker import RolloutWorker
+    from rollwise.train.config import RunConfig, load_run_config
+
+    cfg = load_run_config(None, [f"output_dir={tmp_path}", "rollout.environment=guess_number", "model.threads=1",
+                                 "rollout.max_turns=3"])
+    worker = RolloutWorker(cfg.model_dump(mode="json"), RunConfig, score=False)
+    assert isinstance(worker.generator, EpisodeSampler) and worker.generator.max_turns == 3
+    assert isinstance(worker.generator.envs().env, GuessNumber)

@@ -11,7 +11,7 @@ the core modules ``config``, ``types`` and ``seeds``):
 | cli                          | everything                                       | the front door            |
 | bench                        | everything but cli                               | comparisons on top        |
 | train                        | stages, engine, model, tasks, eval, report, dist | the loop                  |
-| dist                         | engine, model, filter, generate                  | workers: Generate, Filter |
+| dist                         | engine, model, filter, generate, tasks           | workers: Generate, Filter, environments |
 | eval                         | engine, filter, generate                         | samples, judges           |
 | tasks                        | filter                                           | a task names its reward   |
 | generate                     | engine                                           | drives the engine         |
@@ -41,7 +41,7 @@ ALLOWED = {
     "cli": EVERYTHING,
     "bench": EVERYTHING - {"cli"},
     "train": STAGES | {"engine", "model", "tasks", "eval", "report", "dist"},
-    "dist": {"engine", "model", "filter", "generate"},
+    "dist": {"engine", "model", "filter", "generate", "tasks"},
     "eval": {"engine", "filter", "generate"},
     "tasks": {"filter"},
     "generate": {"engine"},

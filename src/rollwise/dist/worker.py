@@ -59,7 +59,15 @@ class RolloutWorker:
         self.engine = make_engine(self.model, pad_token_id=self.tokenizer.pad_token_id,
                                   max_batch_size=cfg.rollout.max_batch_size, seed=cfg.seed, kind=cfg.rollout.engine)
         self.synced = -1  # the sync id of the weights held (-1: none yet, never sample with them)
-        self.generator = build_generator(cfg.rollout, sampling_params(cfg.rollout, self.tokenizer), self.decode)
+        params = sampling_params(cfg.rollout, self.tokenizer)
+        if cfg.rollout.environment is not None:  # episodes: the environment runs where sampling runs
+            from rollwise.generate.episode import EpisodeSampler
+            from rollwise.tasks.environment import episode_parts
+
+            envs, fmt = episode_parts(cfg.rollout, self.tokenizer)
+            self.generator = EpisodeSampler(params, self.tokenizer, envs, fmt, cfg.rollout.max_turns)
+        else:
+            self.generator = build_generator(cfg.rollout, params, self.decode)
         self.reward_fns = resolve_rewards(cfg.rewards, task, self.sandbox)[0] if score else None
 
     def decode(self, ids: list[int]) -> str:

@@ -120,6 +120,18 @@ class EpisodeEnv:
             return None
 
 
+def episode_parts(rollout, tokenizer) -> tuple[Callable[[], EpisodeEnv], object]:
+    """``rollout.environment`` and ``rollout.tool_format`` (a ``RolloutConfig``) as what an
+    ``EpisodeSampler`` takes: a factory of ``EpisodeEnv``s and the ``ToolFormat``."""
+    from rollwise.tasks.tool_calls import tool_format
+
+    try:
+        fmt = tool_format(rollout.tool_format, tokenizer)
+    except ValueError as err:
+        raise ConfigError(f"rollout.tool_format: {err}") from None
+    return episode_envs(rollout.environment, rollout.tool_timeout, rollout.tool_output_chars), fmt
+
+
 def episode_envs(spec: str, timeout: float, max_chars: int) -> Callable[[], EpisodeEnv]:
     """``rollout.environment`` as a factory of ``EpisodeEnv``s (checked now: one instance is built)."""
     cls = load_environment(spec)

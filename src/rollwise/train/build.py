@@ -75,8 +75,8 @@ def check_workers(cfg, controller) -> None:
     """``rollout.workers`` generate apart from the driver: refuse what needs the driver inside generation."""
     if not cfg.rollout.workers:
         return
-    if controller.prunes_in_generation or controller.asks_should_continue:
-        raise ConfigError(f"control.method={cfg.control.method} stops rollouts inside generation, on the "
+    if controller.prunes_in_generation or controller.asks_should_continue or controller.restarts_episodes:
+        raise ConfigError(f"control.method={cfg.control.method} stops or restarts rollouts inside generation, on the "
                           "driver's controller; rollout workers generate apart from it — set rollout.workers=0 "
                           "or choose a controller that selects or allocates (`rollwise list controllers`)")
     if cfg.rollout.strategy == "april":
@@ -98,21 +98,14 @@ def reference_model(cfg, model, init_dir: Path, device):
 def episode_sampler(rollout, params, tokenizer, controller):
     """``rollout.environment``'s ``EpisodeSampler``; refuses what episodes do not compose with yet."""
     from rollwise.generate.episode import EpisodeSampler
-    from rollwise.tasks.environment import episode_envs
-    from rollwise.tasks.tool_calls import tool_format
+    from rollwise.tasks.environment import episode_parts
 
     if rollout.strategy != "group":
         raise ConfigError(f"rollout.environment runs episodes with rollout.strategy=group, not {rollout.strategy}")
     if controller.prunes_in_generation or controller.asks_should_continue:
         raise ConfigError("rollout.environment: a controller that prunes or stops rollouts inside generation does not "
                           "work on episodes yet; choose one that selects or allocates (`rollwise list controllers`)")
-    if rollout.workers:
-        raise ConfigError("rollout.environment with rollout.workers is not supported yet; set rollout.workers=0")
-    try:
-        fmt = tool_format(rollout.tool_format, tokenizer)
-    except ValueError as err:
-        raise ConfigError(f"rollout.tool_format: {err}") from None
-    envs = episode_envs(rollout.environment, rollout.tool_timeout, rollout.tool_output_chars)
+    envs, fmt = episode_parts(rollout, tokenizer)
     if controller.restarts_episodes:  # trace: the second pass restarts episodes from turn prefixes it plans
         from rollwise.generate.trace_episodes import TraceEpisodeSampler
 

@@ -383,3 +383,16 @@ def test_a_rollout_worker_builds_the_runs_environment(tmp_path):
     worker = RolloutWorker(cfg.model_dump(mode="json"), RunConfig, score=False)
     assert isinstance(worker.generator, EpisodeSampler) and worker.generator.max_turns == 3
     assert isinstance(worker.generator.envs().env, GuessNumber)
+
+
+def test_a_reset_that_raises_names_the_environment_and_the_row():
+    from rollwise.tasks.environment import EnvironmentFailed
+
+    class Broken:
+        def reset(self, **row):
+            raise KeyError("secret")
+
+    tok = char_tokenizer()
+    with pytest.raises(EnvironmentFailed, match=r"Broken.reset raised KeyError: 'secret' \(on a row with columns "
+                                                r"\['answer'\]\)"):
+        sampler(tok, env=Broken).generate(ScriptedEngine(tok, calculator_script), [Prompt("p", "q", answer="1")], [1], 0)

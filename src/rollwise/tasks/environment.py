@@ -82,6 +82,10 @@ def tools_of(env) -> dict[str, Tool]:
     return tools
 
 
+class EnvironmentFailed(RuntimeError):
+    """The environment itself failed where no model output is involved (``reset``)."""
+
+
 class EpisodeEnv:
     """One environment instance as an episode loop drives it (``generate/episode.py``): its tools'
     schemas, contained tool calls, its reward and anchor state, each failure a message or a 0."""
@@ -95,7 +99,13 @@ class EpisodeEnv:
         return [t.schema for t in self.tools.values()]
 
     def reset(self, row: dict) -> str | None:
-        extra = self.env.reset(**row)
+        """Start an episode; a ``reset`` that raises is the environment's bug: an error naming it
+        (the model has done nothing yet, so there is no episode to score 0)."""
+        try:
+            extra = self.env.reset(**row)
+        except Exception as err:
+            raise EnvironmentFailed(f"{type(self.env).__name__}.reset raised {type(err).__name__}: {err} (on a row "
+                                    f"with columns {sorted(row)})") from err
         return extra if isinstance(extra, str) and extra else None
 
     def call(self, call: ToolCall) -> "ToolResult":

@@ -146,14 +146,17 @@ class ScriptedEngine:
     version = 0
 
     def __init__(self, tok, script):
-        self.tok, self.script, self.queue, self.prompts = tok, script, {}, []
+        self.tok, self.script, self.queue, self.prompts, self.prompt_ids = tok, script, {}, [], []
 
     def submit(self, requests):
         handles = []
         for r in requests:
             text = self.tok.decode(r.prompt_ids, skip_special_tokens=False)
             self.prompts.append(text)
-            ids = self.tok(self.script(text), add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+            self.prompt_ids.append(list(r.prompt_ids))
+            out = self.script(text)  # text, or the exact ids the "model" samples
+            ids = (out if isinstance(out, list) else self.tok(out, add_special_tokens=False)["input_ids"]) + [
+                self.tok.eos_token_id]
             ids = ids[: r.params.max_new_tokens]
             reason = "stop" if ids[-1] == self.tok.eos_token_id else "length"
             h = len(self.prompts)
@@ -396,3 +399,25 @@ def test_a_reset_that_raises_names_the_environment_and_the_row():
     with pytest.raises(EnvironmentFailed, match=r"Broken.reset raised KeyError: 'secret' \(on a row with columns "
                                                 r"\['answer'\]\)"):
         sampler(tok, env=Broken).generate(ScriptedEngine(tok, calculator_script), [Prompt("p", "q", answer="1")], [1], 0)
+
+
+def test_sampled_ids_are_kept_even_where_decode_then_encode_differs(chat_tok):
+    """Token-faithful (TRL #5224): a "model" that samples "apples" letter by letter, which the BPE
+    tokenizer would encode as fewer ids, keeps exactly those ids in the rollout and in the next turn's
+    prompt — nothing is decoded and re-tokenized."""
+    tok = chat_tok
+    split = [tok.convert_tokens_to_ids(c) for c in "apples"]
+    canonical = tok(tok.decode(split), add_special_tokens=False)["input_ids"]
+    assert tok.decode(split) == "apples" and canonical != split  # decode -> encode is not the identity here
+    call = tok('<tool_call>{"name": "calculate", "arguments": {"expression": "1+1"}}</tool_call>',
+               add_special_tokens=False)["input_ids"]
+    script = lambda text: split if "<|im_start|>tool" in text else split + call  # noqa: E731
+    params = SamplingParams(temperature=1.0, max_new_tokens=300, stop_token_ids=(tok.eos_token_id,))
+    engine = ScriptedEngine(tok, script)
+    episodes = EpisodeSampler(params, tok, lambda: EpisodeEnv(Calculator(), 5.0, 2000), HERMES)
+    (group,), _ = episodes.generate(engine, [Prompt("p", "hi", messages=[{"role": "user", "content": "hi"}])], [1], 0)
+    (r,) = group.rollouts
+    first = split + call + [tok.eos_token_id]
+    assert r.completion_ids[: len(first)] == first and r.completion_ids[-len(split) - 1:] == split + [tok.eos_token_id]
+    # the second turn was asked with the first prompt + the exact ids so far (naive path: no resume)
+    assert engine.prompt_ids[1] == engine.prompt_ids[0] + r.completion_ids[: r.turns[1].start]

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all smollm2-seeds clean
+.PHONY: install demo test test-all smollm2-seeds tiny-tools clean
 
 $(STAMP): pyproject.toml
 	# the code sandbox needs bubblewrap (apt); skipped when already installed
@@ -42,6 +42,18 @@ smollm2-seeds: $(STAMP)
 		--set model.threads=1 > runs/$(RECIPE)-s$$s.log 2>&1 & done; wait
 	$(BIN)/python scripts/seeds_table.py runs/$(RECIPE)-s0 runs/$(RECIPE)-s1 runs/$(RECIPE)-s2 \
 		--json docs/data/$(RECIPE).json
+
+# issue 24: the tiny model with a calculator vs without, 3 seeds, the same generated-token budget; each seed's
+# two arms side by side (one torch thread each), then the table README.md quotes (docs/data/tiny_calculator.json)
+TOOL_RUNS := $(foreach s,0 1 2,runs/tiny_calculator-s$(s))
+NO_TOOL_RUNS := $(foreach s,0 1 2,runs/tiny_calculator_no_tool-s$(s))
+tiny-tools: $(STAMP)
+	mkdir -p runs
+	for s in 0 1 2; do \
+		for r in tiny_calculator tiny_calculator_no_tool; do OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/$$r.yaml \
+			--set seed=$$s --set name=$$r-s$$s > runs/$$r-s$$s.log 2>&1 & done; wait; done
+	$(BIN)/python scripts/seeds_table.py --arm tool $(TOOL_RUNS) --arm no_tool $(NO_TOOL_RUNS) \
+		--json docs/data/tiny_calculator.json
 
 clean:
 	rm -rf $(VENV) runs/demo

@@ -4,6 +4,9 @@
 
 Reads each run directory's ``summary.json`` (accuracy before and after RL, steps, RL wall time,
 generated tokens) and its eval curve from ``metrics.jsonl``; prints the table README.md and docs/models.md quote.
+Several arms (recipes run over the same seeds), side by side, one ``--arm NAME RUN...`` each::
+
+    python scripts/seeds_table.py --arm tool runs/a-s0 runs/a-s1 --arm no_tool runs/b-s0 runs/b-s1 --json out.json
 """
 
 from __future__ import annotations
@@ -37,16 +40,46 @@ def table(records: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def arms_table(arms: dict[str, list[dict]]) -> str:
+    """Per seed, each arm's accuracy before and after RL and its RL steps."""
+    names = list(arms)
+    head = "| seed | " + " | ".join(f"{n}: before RL | {n}: after RL | {n}: RL steps" for n in names) + " |"
+    rows = [head, "|---" * (1 + 3 * len(names)) + "|"]
+    by_seed = [{r["seed"]: r for r in arms[n]} for n in names]
+    for seed in sorted({s for b in by_seed for s in b}):
+        cells = []
+        for b in by_seed:
+            r = b.get(seed)
+            cells += ["—"] * 3 if r is None else [f"{100 * r['initial_accuracy']:.1f}%",
+                                                  f"{100 * r['final_accuracy']:.1f}%", str(r["steps"])]
+        rows.append(f"| {seed} | " + " | ".join(cells) + " |")
+    for n in names:
+        tokens = sorted({r["generated_tokens"] for r in arms[n]})
+        rows.append(f"\n{n}: mean {100 * statistics.mean(r['initial_accuracy'] for r in arms[n]):.1f}% -> "
+                    f"{100 * statistics.mean(r['final_accuracy'] for r in arms[n]):.1f}%, "
+                    f"generated tokens {tokens[0]:,}-{tokens[-1]:,}")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories (runs/<name>)")
+    parser.add_argument("runs", nargs="*", type=Path, help="run directories (runs/<name>)")
+    parser.add_argument("--arm", nargs="+", action="append", metavar=("NAME", "RUN"),
+                        help="an arm's name and its run directories (repeat per arm; instead of RUNS)")
     parser.add_argument("--json", type=Path, help="also write the records here")
     args = parser.parse_args()
-    records = [run_record(r) for r in args.runs]
+    if bool(args.runs) == bool(args.arm):
+        parser.error("give run directories or --arm NAME RUN..., not both")
+    if args.arm:
+        arms = {name: [run_record(Path(r)) for r in runs] for name, *runs in args.arm}
+        records, text = {"arms": arms}, arms_table(arms)
+    else:
+        records = [run_record(r) for r in args.runs]
+        text = table(records)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(records, indent=2) + "\n")
-    print(table(records))
+    print(text)
 
 
 if __name__ == "__main__":

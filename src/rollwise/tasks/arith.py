@@ -1,4 +1,4 @@
-"""``arith``: multi-digit addition and subtraction with digit-by-digit working.
+"""``arith``: multi-digit addition, subtraction and multiplication.
 
 Prompt ``347+58=``; the completion works column by column from the least significant
 digit, each column written ``x+y+c=CD`` (C the carry out, D the digit), then the answer
@@ -14,6 +14,14 @@ completion starts with ``neg`` and works ``b-a`` instead::
 Operands have ``min_digits``..``max_digits`` digits, so completions run from about 12
 tokens (one column) to about 70 (six columns): the length variance later rollout
 strategies exploit. The reward checks only the number after the last ``#``.
+
+Multiplication (``ops`` with ``*``) has no working: the demonstration is the answer alone,
+``347*58= #20126`` — exact arithmetic a tiny model cannot do in its head. With
+``tool_demos`` every demonstration is instead a two-turn calculator episode in the ``plain``
+tool format (``rollout.environment: calculator``, ``tasks/tool_calls.py``): the model turn
+``<call>calculate("347*58")</call>`` ends at EOS, the environment inserts
+``<result>20126</result>``, the model turn `` #20126`` answers. The SFT warm start trains the
+model turns only (``Task.demonstrate``'s segments).
 """
 
 from __future__ import annotations
@@ -26,8 +34,10 @@ from pydantic import Field, model_validator
 from rollwise.config import StrictModel
 from rollwise.filter.arith import arith_reward, parse_answer  # noqa: F401  (the task's verifier)
 from rollwise.tasks.base import Task
+from rollwise.tasks.tool_calls import FORMATS
 from rollwise.types import Prompt
 
+OPS = "+-*"
 
 
 def _columns(a: int, b: int, op: str) -> list[str]:
@@ -50,6 +60,8 @@ def _columns(a: int, b: int, op: str) -> list[str]:
 
 def solve(a: int, op: str, b: int) -> str:
     """The demonstration completion (working and answer) for ``a op b``."""
+    if op == "*":  # no working: the answer alone
+        return f" #{a * b}"
     if op == "+":
         return " " + " ".join(_columns(a, b, "+")) + f" #{a + b}"
     if a >= b:
@@ -80,8 +92,12 @@ class ArithSource:
         raise ValueError("arith: the eval split holds (nearly) every problem; lower task.eval_size or widen the digits")
 
 
+def value(a: int, op: str, b: int) -> int:
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
 def make_prompt(pid: str, a: int, op: str, b: int) -> Prompt:
-    answer = a + b if op == "+" else a - b
+    answer = value(a, op, b)
     return Prompt(id=pid, text=f"{a}{op}{b}=", answer=str(answer), columns={"a": a, "op": op, "b": b})
 
 
@@ -90,11 +106,24 @@ def demonstrate(prompt: Prompt) -> str:
     return solve(c["a"], c["op"], c["b"])
 
 
-def build(seed: int = 0, eval_size: int = 200, min_digits: int = 1, max_digits: int = 5, ops: str = "+-") -> Task:
+def demonstrate_with_calculator(prompt: Prompt) -> list[tuple[str, bool]]:
+    """A calculator episode in the ``plain`` format: (text, the model wrote it) segments.
+
+    >>> demonstrate_with_calculator(make_prompt("p", 347, "*", 58))
+    [('<call>calculate("347*58")</call>', True), ('<result>20126</result>', False), (' #20126', True)]
+    """
+    c = prompt.columns
+    result = str(value(c["a"], c["op"], c["b"]))
+    return [(f'<call>calculate("{c["a"]}{c["op"]}{c["b"]}")</call>', True),
+            (FORMATS["plain"].result_text([result]), False), (f" #{result}", True)]
+
+
+def build(seed: int = 0, eval_size: int = 200, min_digits: int = 1, max_digits: int = 5, ops: str = "+-",
+          tool_demos: bool = False) -> Task:
     if not 1 <= min_digits <= max_digits <= 12:
         raise ValueError(f"arith needs 1 <= min_digits <= max_digits <= 12, got {min_digits}..{max_digits}")
-    if not ops or set(ops) - set("+-"):
-        raise ValueError(f"arith ops must be made of '+' and '-', got {ops!r}")
+    if not ops or set(ops) - set(OPS):
+        raise ValueError(f"arith ops must be made of '+', '-' and '*', got {ops!r}")
     eval_rng = random.Random(f"arith-eval:{seed}")
     sampler = ArithSource(seed, min_digits, max_digits, ops, exclude=set())
     evals, seen = [], set()
@@ -116,27 +145,33 @@ def build(seed: int = 0, eval_size: int = 200, min_digits: int = 1, max_digits: 
         train=sampler,
         eval=evals,
         rewards={"arith": arith_reward},
-        demonstrate=demonstrate,
-        description=f"{min_digits}-{max_digits} digit {' and '.join(ops)} with column-by-column working",
+        demonstrate=demonstrate_with_calculator if tool_demos else demonstrate,
+        description=f"{min_digits}-{max_digits} digit {' and '.join(ops)}"
+                    + (", demonstrations call the calculator" if tool_demos else ""),
     )
 
 
 class ArithConfig(StrictModel):
-    """Multi-digit addition/subtraction with column-by-column working (completions ~12-70 tokens)."""
+    """Multi-digit addition/subtraction with column-by-column working (completions ~12-70 tokens), and
+    multiplication answered directly or, with ``tool_demos``, through the calculator."""
 
     name: Literal["arith"] = "arith"
     min_digits: int = Field(1, ge=1, le=12, description="fewest digits per operand")
     max_digits: int = Field(5, ge=1, le=12, description="most digits per operand")
-    ops: str = Field("+-", description="operators to draw from, any of '+' and '-'")
+    ops: str = Field("+-", description="operators to draw from, any of '+', '-' (column-by-column working) and '*' "
+                     "(the answer alone)")
     eval_size: int = Field(200, ge=0, description="held-out prompts, never drawn for training")
+    tool_demos: bool = Field(False, description="SFT demonstrations are calculator episodes in the plain tool format "
+                             "(`<call>calculate(\"a*b\")</call>`, then `<result>..</result>`, then `#answer`): for "
+                             "rollout.environment=calculator")
 
     @model_validator(mode="after")
     def _valid(self) -> "ArithConfig":
         if self.min_digits > self.max_digits:
             raise ValueError(f"min_digits ({self.min_digits}) must be <= max_digits ({self.max_digits})")
-        if not self.ops or set(self.ops) - set("+-"):
-            raise ValueError(f"ops must be made of '+' and '-', got {self.ops!r}")
+        if not self.ops or set(self.ops) - set(OPS):
+            raise ValueError(f"ops must be made of '+', '-' and '*', got {self.ops!r}")
         return self
 
     def build(self, seed: int, sandbox=None) -> Task:  # no code runs: the sandbox is not used
-        return build(seed, self.eval_size, self.min_digits, self.max_digits, self.ops)
+        return build(seed, self.eval_size, self.min_digits, self.max_digits, self.ops, self.tool_demos)

@@ -50,13 +50,15 @@ class Task:
     ``rewards`` maps a name to a TRL-style reward function
     (``fn(prompts, completions, completion_ids, **columns) -> list[float | None]``);
     ``demonstrate(prompt)`` returns a correct completion for the SFT warm start (or None
-    when the task has no demonstrations).
+    when the task has no demonstrations) — for a multi-turn episode, a list of ``(text,
+    the model wrote it)`` segments: each model segment is a turn that ends with EOS, the others
+    are what the environment inserts and are not trained (``train/sft.py``).
     """
 
     name: str
     train: PromptSource
     eval: list[Prompt]
     rewards: dict[str, Callable]
-    demonstrate: Callable[[Prompt], str | None] | None = None
+    demonstrate: Callable[[Prompt], str | list[tuple[str, bool]] | None] | None = None
     description: str = ""
     stop_strings: list[str] = field(default_factory=list)

@@ -1,6 +1,9 @@
 """Supervised warm start on a task's synthetic demonstrations.
 
-The loss covers completion tokens (and the closing EOS) only, never the prompt.
+The loss covers completion tokens (and the closing EOS) only, never the prompt. A multi-turn
+demonstration (``Task.demonstrate`` returning segments) trains each model turn and the EOS that
+ends it, never the text the environment inserts between turns — what an episode's loss weights
+do in RL (``generate/episode.py``).
 """
 
 from __future__ import annotations
@@ -15,16 +18,27 @@ from rollwise.model.logprobs import token_logprobs_and_entropy
 from rollwise.tasks.base import Task
 
 
+def demo_ids(tokenizer, demonstration: str | list[tuple[str, bool]]) -> tuple[list[int], list[int]]:
+    """A demonstration's completion ids and their loss mask: each model segment (a turn) then EOS,
+    trained; each inserted segment untrained."""
+    segments = [(demonstration, True)] if isinstance(demonstration, str) else demonstration
+    ids, mask = [], []
+    for text, trained in segments:
+        seg = tokenizer(text, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if trained else [])
+        ids += seg
+        mask += [int(trained)] * len(seg)
+    return ids, mask
+
+
 def demo_batch(tokenizer, task: Task, start: int, size: int, device) -> tuple[torch.Tensor, ...]:
     """Right-padded (input_ids, attention_mask, loss_mask) [B, T] for demonstrations start..start+size."""
     rows, masks = [], []
     for i in range(start, start + size):
         prompt = task.train.get(i)
-        target = task.demonstrate(prompt)
         p_ids = encode_prompt(tokenizer, prompt)
-        c_ids = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        c_ids, c_mask = demo_ids(tokenizer, task.demonstrate(prompt))
         rows.append(p_ids + c_ids)
-        masks.append([0] * len(p_ids) + [1] * len(c_ids))
+        masks.append([0] * len(p_ids) + c_mask)
     width = max(map(len, rows))
     ids = torch.full((size, width), tokenizer.pad_token_id, dtype=torch.long)
     attn = torch.zeros((size, width), dtype=torch.long)

@@ -320,8 +320,8 @@ def test_slot_engine_episodes_keep_the_cache_and_equal_the_naive_loop():
 
 
 # -- training on episodes ---------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", [[], ["train.mode=async", "train.max_staleness=1", "train.generation_threads=1"]],
-                         ids=["sync", "async"])
+@pytest.mark.parametrize("mode", [[], ["train.mode=async", "train.max_staleness=1", "train.generation_threads=1"],
+                                  ["replay.method=rollout_replay"]], ids=["sync", "async", "replay"])
 def test_rl_steps_on_episodes_train_the_sampled_ids_only(tmp_path, mode):
     from dataclasses import replace
 
@@ -421,3 +421,19 @@ def test_sampled_ids_are_kept_even_where_decode_then_encode_differs(chat_tok):
     assert r.completion_ids[: len(first)] == first and r.completion_ids[-len(split) - 1:] == split + [tok.eos_token_id]
     # the second turn was asked with the first prompt + the exact ids so far (naive path: no resume)
     assert engine.prompt_ids[1] == engine.prompt_ids[0] + r.completion_ids[: r.turns[1].start]
+
+
+def test_python_tool_runs_in_the_sandbox_and_reports_failures(tmp_path):
+    from rollwise.tasks.envs import PythonTool
+
+    class Quick(PythonTool):
+        timeout_s = 1.0
+
+    tool = Quick()
+    assert tool.run_python("print(6 * 7)") == "42"
+    assert tool.run_python("print('partial')\nraise ValueError('bad input')") == "partial\nValueError: bad input"
+    assert tool.run_python("while True: pass") == "timed out after 1 s"  # the loop really ran until killed
+    # the sandbox's filesystem is not the trainer's: a write there leaves nothing here
+    target = tmp_path / "leak.txt"
+    tool.run_python(f"open({str(target)!r}, 'w').write('x')")
+    assert not target.exists()

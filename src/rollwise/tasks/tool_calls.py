@@ -14,7 +14,8 @@ Supported (``rollout.tool_format``):
   call is ``<call>name(arg, key=value)</call>`` with Python literal arguments, read with
   ``ast`` (never evaluated); the result is inserted as ``<result>...</result>``.
 
-Adding a format: subclass ``ToolFormat`` with a ``name``, ``parse(text) -> list[ToolCall]``
+Adding a format: subclass ``ToolFormat`` with a ``name``, the ``open``/``close`` markers of a
+call and ``_read(body) -> ToolCall`` (or override ``parse(text)`` for a format without markers)
 and, for formats without a chat template, ``result_text(results)``; add it to ``FORMATS``.
 """
 
@@ -37,10 +38,20 @@ class ToolCall:
 
 
 class ToolFormat:
+    """A call format: calls are the ``open``…``close`` blocks of a turn, each read by ``_read``."""
+
     name = ""
     uses_chat_template = False  # results go in as tool messages through the tokenizer's chat template
+    open, close = "", ""
 
     def parse(self, text: str) -> list[ToolCall]:
+        block = re.compile(re.escape(self.open) + "(.*?)(" + re.escape(self.close) + "|$)", re.DOTALL)
+        return [self._read(body.strip()) if closed else
+                ToolCall("", error=f"a {self.open} without its closing {self.close}")
+                for body, closed in block.findall(text)]
+
+    @staticmethod
+    def _read(body: str) -> ToolCall:
         raise NotImplementedError
 
     def result_text(self, results: list[str]) -> str:
@@ -51,16 +62,7 @@ class ToolFormat:
 class Hermes(ToolFormat):
     name = "hermes"
     uses_chat_template = True
-    _block = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
-
-    def parse(self, text: str) -> list[ToolCall]:
-        calls = []
-        for body, close in self._block.findall(text):
-            if not close:
-                calls.append(ToolCall("", error="a <tool_call> without its closing </tool_call>"))
-                continue
-            calls.append(self._read(body.strip()))
-        return calls
+    open, close = "<tool_call>", "</tool_call>"
 
     @staticmethod
     def _read(body: str) -> ToolCall:
@@ -80,7 +82,6 @@ class Hermes(ToolFormat):
             return ToolCall(obj["name"], error='"arguments" must be a JSON object')
         return ToolCall(obj["name"], args)
 
-
     @staticmethod
     def system_prompt(schemas: list[dict]) -> str:
         """The tools and the call format, as Hermes-style templates render them: for chat templates
@@ -94,16 +95,7 @@ class Hermes(ToolFormat):
 
 class Plain(ToolFormat):
     name = "plain"
-    _block = re.compile(r"<call>(.*?)(</call>|$)", re.DOTALL)
-
-    def parse(self, text: str) -> list[ToolCall]:
-        calls = []
-        for body, close in self._block.findall(text):
-            if not close:
-                calls.append(ToolCall("", error="a <call> without its closing </call>"))
-                continue
-            calls.append(self._read(body.strip()))
-        return calls
+    open, close = "<call>", "</call>"
 
     @staticmethod
     def _read(body: str) -> ToolCall:

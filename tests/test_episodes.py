@@ -154,7 +154,7 @@ class ScriptedEngine:
             text = self.tok.decode(r.prompt_ids, skip_special_tokens=False)
             self.prompts.append(text)
             self.prompt_ids.append(list(r.prompt_ids))
-            out = self.script(text)  # text, or the exact ids the "model" samples
+            out = self.write(text, r)  # text, or the exact ids the "model" samples
             ids = (out if isinstance(out, list) else self.tok(out, add_special_tokens=False)["input_ids"]) + [
                 self.tok.eos_token_id]
             ids = ids[: r.params.max_new_tokens]
@@ -163,6 +163,9 @@ class ScriptedEngine:
             self.queue[h] = Completion(h, list(r.prompt_ids), ids, [-0.5] * len(ids), [0] * len(ids), reason)
             handles.append(h)
         return handles
+
+    def write(self, text, request):
+        return self.script(text)
 
     def run_until(self, condition=None):
         done, self.queue = self.queue, {}

@@ -15,7 +15,6 @@ from rollwise.control import trace as trace_module
 from rollwise.control.rounds import extend_rounds
 from rollwise.control.trace import (Trace, TraceConfig, node_estimates, prefix_nodes, success_estimate,
                                     trace_allocation)
-from rollwise.engine.engine import Completion
 from rollwise.engine.sampling import SamplingParams
 from rollwise.filter.rewards import score_groups
 from rollwise.generate.trace_episodes import TraceEpisodeSampler
@@ -24,6 +23,7 @@ from rollwise.tasks.environment import EpisodeEnv
 from rollwise.tasks.envs import Calculator, GuessNumber
 from rollwise.tasks.tool_calls import FORMATS, ToolCall
 from rollwise.types import Prompt, Rollout, RolloutGroup, Turn
+from test_episodes import ScriptedEngine
 
 PLAIN = FORMATS["plain"]
 
@@ -71,30 +71,11 @@ def test_a_decided_prefix_gets_no_budget():
 
 
 # -- the two passes on a scripted "model" -----------------------------------------------------------
-class SeededEngine:
-    """A TokenEngine whose "model" writes ``script(prompt_text, seed)`` then EOS (log-prob -0.5 per id)."""
+class SeededEngine(ScriptedEngine):
+    """test_episodes' scripted "model", writing ``script(prompt_text, seed)``: the request's seed picks its text."""
 
-    version = 0
-
-    def __init__(self, tok, script):
-        self.tok, self.script, self.queue, self.prompts = tok, script, {}, []
-
-    def submit(self, requests):
-        handles = []
-        for r in requests:
-            text = self.tok.decode(r.prompt_ids, skip_special_tokens=False)
-            self.prompts.append(text)
-            ids = self.tok(self.script(text, r.params.seed), add_special_tokens=False)["input_ids"]
-            ids = (ids + [self.tok.eos_token_id])[: r.params.max_new_tokens]
-            reason = "stop" if ids[-1] == self.tok.eos_token_id else "length"
-            h = len(self.prompts)
-            self.queue[h] = Completion(h, list(r.prompt_ids), ids, [-0.5] * len(ids), [0] * len(ids), reason)
-            handles.append(h)
-        return handles
-
-    def run_until(self, condition=None):
-        done, self.queue = self.queue, {}
-        return done
+    def write(self, text, request):
+        return self.script(text, request.params.seed)
 
 
 def guesser(text: str, seed: int) -> str:

@@ -90,9 +90,12 @@ class EpisodeEnv:
     """One environment instance as an episode loop drives it (``generate/episode.py``): its tools'
     schemas, contained tool calls, its reward and anchor state, each failure a message or a 0."""
 
-    def __init__(self, env, timeout: float, max_chars: int):
+    def __init__(self, env, timeout: float, max_chars: int, schemas: dict[str, Tool] | None = None):
+        """``schemas``: the class's tools from ``tools_of`` on another instance, bound to this one
+        (schemas are built once per run, not per episode); None = built here."""
         self.env, self.timeout, self.max_chars = env, timeout, max_chars
-        self.tools = tools_of(env)
+        self.tools = tools_of(env) if schemas is None else {
+            name: Tool(name, getattr(env, name), t.schema) for name, t in schemas.items()}
 
     @property
     def schemas(self) -> list[dict]:
@@ -145,8 +148,8 @@ def episode_parts(rollout, tokenizer) -> tuple[Callable[[], EpisodeEnv], object]
 def episode_envs(spec: str, timeout: float, max_chars: int) -> Callable[[], EpisodeEnv]:
     """``rollout.environment`` as a factory of ``EpisodeEnv``s (checked now: one instance is built)."""
     cls = load_environment(spec)
-    tools_of(cls())  # schema errors at config time, not mid-run
-    return lambda: EpisodeEnv(cls(), timeout, max_chars)
+    schemas = tools_of(cls())  # once, and its errors at config time, not mid-run
+    return lambda: EpisodeEnv(cls(), timeout, max_chars, schemas)
 
 
 @dataclass(frozen=True)

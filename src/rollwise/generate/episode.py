@@ -30,6 +30,7 @@ from rollwise.engine.engine import Completion, Request
 from rollwise.engine.sampling import SamplingParams
 from rollwise.engine.state import PartialState
 from rollwise.generate.base import Generator
+from rollwise.generate.conversation import ChatRenderer
 from rollwise.seeds import derive
 from rollwise.types import Prompt, Rollout, RolloutGroup, Turn
 
@@ -90,21 +91,11 @@ class EpisodeSampler(Generator):
         return Episode(prompt, env, self._prompt_ids(prompt, extra, env.schemas), (pi, j))
 
     def _prompt_ids(self, prompt: Prompt, extra: str | None, schemas: list[dict]) -> list[int]:
-        tok = self.tokenizer
-        if not self.fmt.uses_chat_template:
-            return list(tok(prompt.text + (extra or ""))["input_ids"])
-        messages = [dict(m) for m in (prompt.messages or [{"role": "user", "content": prompt.text}])]
+        plain = not self.fmt.uses_chat_template
+        messages = [dict(m) for m in (None if plain else prompt.messages) or [{"role": "user", "content": prompt.text}]]
         if extra:
             messages[-1]["content"] += extra
-        ids = _render(tok, messages, True, tools=schemas or None)
-        if schemas and ids == _render(tok, messages, True):  # the template ignores tools: say them in a system message
-            system = self.fmt.system_prompt(schemas)
-            if messages[0]["role"] == "system":
-                messages[0]["content"] += "\n\n" + system
-            else:
-                messages.insert(0, {"role": "system", "content": system})
-            ids = _render(tok, messages, True)
-        return ids
+        return self.renderer.prompt_ids(messages, schemas)
 
     def _sample_turn(self, engine, live: list[Episode], seed: int, turn: int) -> list[Completion]:
         """The next turn of every live episode, in one engine run."""
@@ -165,11 +156,12 @@ class EpisodeSampler(Generator):
         ep.versions += [ep.versions[-1] if ep.versions else 0] * len(inserted)
 
     def _inserted_ids(self, calls, results) -> list[int]:
-        tok = self.tokenizer
-        if not self.fmt.uses_chat_template:
-            return list(tok(self.fmt.result_text([r.text for r in results]), add_special_tokens=False)["input_ids"])
         messages = [{"role": "tool", "name": c.name or "error", "content": r.text} for c, r in zip(calls, results)]
-        return chat_suffix_ids(tok, messages)
+        return self.renderer.suffix_ids(messages)
+
+    @property
+    def renderer(self) -> ChatRenderer:
+        return ChatRenderer(self.tokenizer, self.fmt)
 
     def _rollout(self, ep: Episode) -> Rollout:
         weights = [1] * len(ep.ids)
@@ -181,24 +173,3 @@ class EpisodeSampler(Generator):
                     loss_weights=weights if ep.forced else None, turns=ep.turns,
                     messages=ep.messages, env_reward=ep.env.reward())
 
-
-def chat_suffix_ids(tokenizer, tool_messages: list[dict]) -> list[int]:
-    """The ids the chat template puts after an assistant turn's end-of-turn token for these tool
-    messages, up to and including the next assistant header: rendered once for a stand-in
-    conversation and cut at its last EOS (the sampled turn ends with that EOS)."""
-    calls = [{"type": "function", "function": {"name": m["name"], "arguments": {}}} for m in tool_messages]
-    stand_in = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": calls}]
-
-    prefix, full = _render(tokenizer, stand_in, False), _render(tokenizer, stand_in + tool_messages, True)
-    eos = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
-    if eos:
-        prefix = prefix[: eos[-1] + 1]
-    if full[: len(prefix)] != prefix:
-        raise ValueError("the chat template renders the conversation before the tool messages differently once they "
-                         "are added: cannot insert tool results token-faithfully with this template")
-    return full[len(prefix):]
-
-
-def _render(tokenizer, messages: list[dict], generation_prompt: bool, tools=None) -> list[int]:
-    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

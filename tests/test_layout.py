@@ -10,8 +10,9 @@ the core modules ``config``, ``types`` and ``seeds``):
 |------------------------------|--------------------------------------------------|---------------------------|
 | cli                          | everything                                       | the front door            |
 | bench                        | everything but cli                               | comparisons on top        |
-| train                        | stages, engine, model, tasks, eval, report, dist | the loop                  |
+| train                        | stages, engine, model, tasks, eval, report, dist, serve | the loop           |
 | dist                         | engine, model, filter, generate, tasks           | workers: Generate, Filter, environments |
+| serve                        | engine, generate, tasks                          | the OpenAI endpoint       |
 | eval                         | engine, filter, generate                         | samples, judges           |
 | tasks                        | filter                                           | a task names its reward   |
 | generate                     | engine                                           | drives the engine         |
@@ -35,12 +36,13 @@ import rollwise
 ROOT = Path(rollwise.__file__).parent
 CORE = {"config", "types", "seeds"}  # every package may import these
 EVERYTHING = {"bench", "cli", "config", "config_reference", "control", "dist", "engine", "eval", "filter", "generate",
-              "model", "optim", "replay", "report", "seeds", "tasks", "train", "types"}
+              "model", "optim", "replay", "report", "seeds", "serve", "tasks", "train", "types"}
 STAGES = {"generate", "filter", "control", "replay", "optim"}
 ALLOWED = {
     "cli": EVERYTHING,
     "bench": EVERYTHING - {"cli"},
-    "train": STAGES | {"engine", "model", "tasks", "eval", "report", "dist"},
+    "train": STAGES | {"engine", "model", "tasks", "eval", "report", "dist", "serve"},
+    "serve": {"engine", "generate", "tasks"},
     "dist": {"engine", "model", "filter", "generate", "tasks"},
     "eval": {"engine", "filter", "generate"},
     "tasks": {"filter"},

@@ -33,7 +33,7 @@ class ChatRenderer:
         generation prompt."""
         tok = self.tokenizer
         if not self.fmt.uses_chat_template:
-            return list(tok("\n".join(_text(m) for m in messages))["input_ids"])
+            return self._plain_ids(messages)
         messages = [dict(m) for m in messages]
         ids = render(tok, messages, True, tools=schemas or None)
         if schemas and ids == render(tok, messages, True):  # the template ignores tools: say them in a system message
@@ -43,6 +43,24 @@ class ChatRenderer:
             else:
                 messages.insert(0, {"role": "system", "content": system})
             ids = render(tok, messages, True)
+        return ids
+
+    def conversation_ids(self, messages: list[dict], schemas: list[dict] | None = None) -> list[int]:
+        """A whole conversation rendered afresh (its assistant turns as text), with the generation prompt."""
+        return self.prompt_ids(messages, schemas)
+
+    def _plain_ids(self, messages: list[dict]) -> list[int]:
+        """Plain layout: the system/user texts before the first assistant turn joined by newlines; then
+        each assistant turn's text and EOS, and what follows it as ``suffix_ids``."""
+        tok = self.tokenizer
+        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+        ids = list(tok("\n".join(_text(m) for m in messages[:first]))["input_ids"])
+        i = first
+        while i < len(messages):
+            ids += list(tok(_text(messages[i]), add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
+            j = next((k for k in range(i + 1, len(messages)) if messages[k]["role"] == "assistant"), len(messages))
+            ids += self.suffix_ids(messages[i + 1:j]) if j > i + 1 else []
+            i = j
         return ids
 
     def suffix_ids(self, messages: list[dict]) -> list[int]:

@@ -58,6 +58,10 @@ class ToolFormat:
         """Text inserted after a turn's calls (formats without a chat template)."""
         raise NotImplementedError
 
+    def call_text(self, name: str, arguments: dict | str) -> str:
+        """A call written the way the model writes it (a conversation rendered afresh from OpenAI messages)."""
+        raise NotImplementedError
+
 
 class Hermes(ToolFormat):
     name = "hermes"
@@ -81,6 +85,9 @@ class Hermes(ToolFormat):
         if not isinstance(args, dict):
             return ToolCall(obj["name"], error='"arguments" must be a JSON object')
         return ToolCall(obj["name"], args)
+
+    def call_text(self, name: str, arguments: dict | str) -> str:
+        return self.open + json.dumps({"name": name, "arguments": arguments}) + self.close
 
     @staticmethod
     def system_prompt(schemas: list[dict]) -> str:
@@ -114,6 +121,10 @@ class Plain(ToolFormat):
 
     def result_text(self, results: list[str]) -> str:
         return "".join(f"<result>{r}</result>" for r in results)
+
+    def call_text(self, name: str, arguments: dict | str) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in arguments.items()) if isinstance(arguments, dict) else arguments
+        return f"{self.open}{name}({args}){self.close}"
 
 
 FORMATS: dict[str, ToolFormat] = {f.name: f for f in (Hermes(), Plain())}

@@ -46,6 +46,7 @@ class Choice:
     finish_reason: str
     key: tuple = ()  # the assistant message returned (Message.key)
     ended: bool = False  # ended with an end-of-turn id: the conversation can go on after it token-faithfully
+    start: int = 0  # length of the first prompt of the chain this call continues (the episode's budget counts from it)
     completion: Completion | None = field(default=None, repr=False)  # kept for the continuation's cache
 
 
@@ -53,6 +54,7 @@ class Choice:
 class Call:
     keys: list[tuple]  # the request's messages (Message.key)
     choices: list[Choice]
+    messages: list[dict] = field(default_factory=list)  # the request's messages (as the chat template reads them)
 
 
 @dataclass
@@ -64,12 +66,16 @@ class EpisodeLog:
 
 class ChatService:
     def __init__(self, driver: EngineDriver, tokenizer, fmt, *, model_name: str, max_len: int, seed: int = 0,
-                 default_max_tokens: int = 512, max_episodes: int = 4096):
+                 default_max_tokens: int = 512, max_episodes: int = 4096, sampling: SamplingParams | None = None,
+                 episode_budget: int | None = None):
         self.driver, self.tokenizer, self.fmt = driver, tokenizer, fmt
         self.renderer = ChatRenderer(tokenizer, fmt)
         self.model_name, self.max_len, self.seed = model_name, max_len, seed
         self.default_max_tokens = default_max_tokens
         self.max_episodes = max_episodes  # untagged-run tags kept (oldest forgotten first)
+        # a training run's settings: temperature, top-p and top-k are the run's whatever a request asks (the
+        # update recomputes log-probs under them), and an episode's tokens past its first prompt are capped
+        self.sampling, self.episode_budget = sampling, episode_budget
         self.episodes: OrderedDict[str, EpisodeLog] = OrderedDict()
         self.stop_ids = tuple(t for t in {tokenizer.eos_token_id} if t is not None)
         self._counter = 0
@@ -123,19 +129,30 @@ class ChatService:
                            "messages") from None
         room = self.max_len - len(prompt)
         limit = req.limit or min(self.default_max_tokens, room)
+        base = chained[0] if chained else None
+        start = base.start if base else len(prompt)
+        if self.episode_budget is not None and log is not None:
+            left = self.episode_budget - (len(prompt) - start)
+            if left < 1:
+                raise ApiError(400, f"this episode has used its token budget ({self.episode_budget} tokens after its "
+                               "first prompt, sampled and inserted; rollout.max_new_tokens)", "max_tokens",
+                               "episode_budget_exhausted")
+            limit = min(req.limit or left, left)
         if limit > room or room < 1:
             raise ApiError(400, f"This model's maximum context length is {self.max_len} tokens. However, you "
                            f"requested {len(prompt) + max(limit, 1)} tokens ({len(prompt)} in the messages, "
                            f"{max(limit, 1)} in the completion). Please reduce the length of the messages or the "
                            "completion (max_tokens).", "max_tokens", "context_length_exceeded")
-        return self._job(req, log, prompt, limit, chained[0] if chained else None), log, prompt, \
-            chained[0] if chained else None
+        return self._job(req, log, prompt, limit, base), log, (prompt, start), base
 
     def _job(self, req: ChatRequest, log: EpisodeLog | None, prompt: list[int], limit: int,
              base: Choice | None) -> Job:
         params = SamplingParams(temperature=1.0 if req.temperature is None else req.temperature,
                                 top_p=req.top_p or 1.0, max_new_tokens=limit, stop_token_ids=self.stop_ids,
                                 keep_cache=log is not None and hasattr(self.engine, "resume") and req.n == 1)
+        if self.sampling is not None:
+            s = self.sampling
+            params = replace(params, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
         seeds = [self._seed(req, log, i) for i in range(req.n)]
         if base is not None and base.completion is not None and base.completion.kv is not None and req.n == 1:
             done, appended = base.completion, prompt[len(base.prompt_ids) + len(base.ids):]
@@ -181,14 +198,14 @@ class ChatService:
 
     # -- answering ---------------------------------------------------------------------------------
     async def complete(self, req: ChatRequest, tag: str | None = None) -> dict | AsyncIterator[str]:
-        job, log, prompt, base = self.prepare(req, tag)
+        job, log, (prompt, start), base = self.prepare(req, tag)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         job.notify = lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev)
         if log is not None:
             log.jobs.append(job)
         self.driver.submit(job)
         if req.stream:
-            return self._stream(req, job, log, prompt, events)
+            return self._stream(req, job, log, (prompt, start), events)
         done: dict[int, Completion] = {}
         try:
             while len(done) < req.n:
@@ -203,14 +220,15 @@ class ChatService:
         finally:
             if log is not None and job in log.jobs:
                 log.jobs.remove(job)
-        choices = [self._choice(req, prompt, job.skip[i], done[i]) for i in range(req.n)]
+        choices = [self._choice(req, prompt, job.skip[i], done[i], start) for i in range(req.n)]
         self._record(log, req, [c for c, _ in choices], base)
         usage = {"prompt_tokens": len(prompt), "completion_tokens": sum(len(c.ids) for c, _ in choices)}
         return envelope("chat.completion", completion_id(), self.model_name, self.engine.version) | {
             "choices": [body | {"index": i} for i, (_, body) in enumerate(choices)],
             "usage": usage | {"total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}}
 
-    def _choice(self, req: ChatRequest, prompt: list[int], skip: int, c: Completion) -> tuple[Choice, dict]:
+    def _choice(self, req: ChatRequest, prompt: list[int], skip: int, c: Completion,
+                start: int) -> tuple[Choice, dict]:
         """The recorded choice and OpenAI's ``choices[i]`` for a finished completion."""
         ids, lps, vs = c.token_ids[skip:], c.logprobs[skip:], c.versions[skip:]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -226,7 +244,7 @@ class ChatService:
                 for call in calls]}
             finish = "tool_calls"
         choice = Choice(prompt, ids, lps, vs, finish, Message(**message).key(),
-                        ended=bool(ids) and ids[-1] in self.stop_ids, completion=c)
+                        ended=bool(ids) and ids[-1] in self.stop_ids, start=start, completion=c)
         body = {"message": message, "finish_reason": finish,
                 "logprobs": token_logprobs(self._pieces(ids), lps) if req.logprobs else None}
         return choice, body
@@ -251,13 +269,13 @@ class ChatService:
         for call in log.calls:  # only the latest call's caches are worth keeping
             for c in call.choices:
                 c.completion = None if c.completion is None else replace(c.completion, kv=None)
-        log.calls.append(Call([m.key() for m in req.messages], choices))
+        log.calls.append(Call([m.key() for m in req.messages], choices, [m.as_chat() for m in req.messages]))
 
-    async def _stream(self, req: ChatRequest, job: Job, log: EpisodeLog | None, prompt: list[int],
+    async def _stream(self, req: ChatRequest, job: Job, log: EpisodeLog | None, prompt_start: tuple[list[int], int],
                       events: asyncio.Queue) -> AsyncIterator[str]:
         """Server-sent events: a role chunk, content deltas as tokens are sampled (with tools: the
         message when the choice finishes), a finish chunk per choice, usage if asked, ``[DONE]``."""
-        cid, head = completion_id(), None
+        (prompt, start), cid = prompt_start, completion_id()
         head = envelope("chat.completion.chunk", cid, self.model_name, self.engine.version)
         texts, done, recorded = [""] * req.n, 0, []
         try:
@@ -284,7 +302,7 @@ class ChatService:
                         chunk["logprobs"] = token_logprobs(self._pieces(ev[2]), ev[3])
                     yield _sse(head | {"choices": [chunk]})
                 elif ev[0] == "done":
-                    choice, body = self._choice(req, prompt, job.skip[i], ev[2])
+                    choice, body = self._choice(req, prompt, job.skip[i], ev[2], start)
                     recorded.append((i, choice))
                     rest = body["message"].get("content") or ""
                     delta = {"content": rest[len(texts[i]):]} if rest[len(texts[i]):] else {}

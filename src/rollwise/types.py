@@ -121,6 +121,10 @@ class Rollout:
     # the episode as TRL's conversational completion: assistant turns and tool messages (what reward functions get)
     messages: list[dict] | None = None
     env_reward: float | None = None  # the environment's get_reward() for this episode (reward component "environment")
+    # harness episodes (rollout.harness): the episode's other token-faithful segments (calls that did not extend
+    # this one's ids); each trains as its own row with this rollout's advantage (optim.build_batch)
+    segments: list[Rollout] | None = None
+    failure: str | None = None  # why the rollout could not be scored (a harness that raised or hung): reward 0
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -133,6 +137,8 @@ class Rollout:
             raise ValueError(f"Rollout loss_weights has {len(self.loss_weights)} entries for {n} completion ids")
         if self.turns is not None:  # from a checkpoint (asdict): dicts back to Turn
             self.turns = [t if isinstance(t, Turn) else Turn(**t) for t in self.turns]
+        if self.segments is not None:
+            self.segments = [s if isinstance(s, Rollout) else Rollout(**s) for s in self.segments]
 
     @property
     def num_tokens(self) -> int:

@@ -123,6 +123,9 @@ def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict
             r.reward_components[ENV_REWARD] = r.env_reward
             totals[i] += r.env_reward
     for (_, r), total, answer in zip(rollouts, totals, answers):
+        if r.failure is not None:  # it could not be scored (a harness that raised or hung): 0, with the reason
+            total = 0.0
+            r.reward_reasons["failure"] = r.failure
         r.score = r.reward = total  # the verdict; shaping terms later add to ``reward`` only
         r.extracted_answer = answer
     return component_means(groups) | metrics

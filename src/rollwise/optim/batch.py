@@ -74,7 +74,8 @@ def build_batch(groups: list[RolloutGroup], pad_token_id: int, mask_truncated: b
     sets single tokens' weights (0: forced tokens, tree prefixes trained in another leaf; k: a
     tree node shared by k leaves).
     """
-    rollouts = [(gi, r) for gi, g in enumerate(groups) for r in g.rollouts]
+    # a harness episode's other segments are rows of their own, with the episode's advantage
+    rollouts = [(gi, x) for gi, g in enumerate(groups) for r in g.rollouts for x in (r, *(r.segments or ()))]
     if not rollouts:
         raise ValueError("build_batch got no rollouts")
     width = max(len(r.prompt_ids) + len(r.completion_ids) for _, r in rollouts)

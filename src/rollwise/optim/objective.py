@@ -180,6 +180,8 @@ def assign_advantages(groups: list[RolloutGroup], cfg: ObjectiveConfig) -> dict[
         else:
             for j, r in enumerate(g.rollouts, start=i):
                 r.advantage = token_advantages(r, adv[j], steps[j])
+                for s in r.segments or ():  # a harness episode's other segments: its sequence advantage
+                    s.advantage = [adv[j]] * len(s.completion_ids)
                 if excluded[j]:  # MC-GRPO's pivot: no gradient
                     r.loss_weights = [0] * len(r.completion_ids)
         i += n

@@ -90,10 +90,14 @@ class ChatService:
 
     def close(self, tag: str) -> EpisodeLog | None:
         """Forget an episode (its unfinished requests are aborted); return its record."""
-        log = self.episodes.pop(tag, None)
-        for job in log.jobs if log else []:
+        self.cancel(tag)
+        return self.episodes.pop(tag, None)
+
+    def cancel(self, tag: str) -> None:
+        """Abort an episode's unfinished requests (at the engine's next step); keep its record."""
+        log = self.episodes.get(tag)
+        for job in list(log.jobs) if log else []:
             job.cancel()
-        return log
 
     def _log(self, tag: str | None) -> EpisodeLog | None:
         if tag is None:
@@ -294,6 +298,7 @@ class ChatService:
                     text = self.tokenizer.decode(streamed[i], skip_special_tokens=True)
                     for s in req.stop:
                         text = text.split(s, 1)[0]
+                    text = text[:len(text) - _stop_start(text, req.stop)]  # may yet be a stop string: wait
                     if req.parses_tools or text.endswith("\ufffd") or len(text) <= len(texts[i]):
                         continue  # tools: the message is sent whole at the end; a cut character waits
                     delta, texts[i] = text[len(texts[i]):], text
@@ -321,6 +326,15 @@ class ChatService:
                 job.cancel()
             if log is not None and job in log.jobs:
                 log.jobs.remove(job)
+
+
+def _stop_start(text: str, stops: list[str]) -> int:
+    """How many characters at the end of ``text`` begin a stop string (streamed only once they do not).
+
+    >>> _stop_start("ab<ca", ["<call>"]), _stop_start("abc", ["<call>"])
+    (3, 0)
+    """
+    return max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
 
 
 def _sse(obj: dict) -> str:

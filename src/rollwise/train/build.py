@@ -95,6 +95,25 @@ def reference_model(cfg, model, init_dir: Path, device):
     return ref.to(device).eval()
 
 
+def harness_sampler(rollout, params, tokenizer, controller):
+    """``rollout.harness``'s ``HarnessSampler``: episodes an agent program runs through the run's endpoint."""
+    from rollwise.serve.harness import HarnessSampler, load_harness
+    from rollwise.tasks.tool_calls import tool_format
+
+    if rollout.environment is not None:
+        raise ConfigError("rollout.harness and rollout.environment both set: a harness runs its own tools; choose one")
+    if rollout.strategy != "group" or rollout.workers:
+        raise ConfigError("rollout.harness runs with rollout.strategy=group and rollout.workers=0 (in-process)")
+    if controller.prunes_in_generation or controller.asks_should_continue or controller.restarts_episodes:
+        raise ConfigError("rollout.harness: a controller that prunes, stops or restarts rollouts inside generation "
+                          "does not work on harness episodes; choose one that selects or allocates")
+    try:
+        fmt = tool_format(rollout.tool_format, tokenizer)
+    except ValueError as err:
+        raise ConfigError(f"rollout.tool_format: {err}") from None
+    return HarnessSampler(params, tokenizer, fmt, load_harness(rollout.harness), rollout.harness_timeout)
+
+
 def episode_sampler(rollout, params, tokenizer, controller):
     """``rollout.environment``'s ``EpisodeSampler``; refuses what episodes do not compose with yet."""
     from rollwise.generate.episode import EpisodeSampler

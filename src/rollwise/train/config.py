@@ -73,6 +73,12 @@ class RolloutConfig(StrictModel):
         None, description="multi-turn episodes: an environment class (TRL's environment_factory shape: reset(**row), "
         "its public methods are tools, optional get_reward) as package.module:Class, or a built-in: python_tool, "
         "calculator, guess_number (null = one completion per rollout; docs/environments.md)")
+    harness: str | None = Field(
+        None, description="agent-harness episodes: an `async def rollout(client, row) -> float | None` as "
+        "package.module:function that talks to the policy through the openai client it is given (an endpoint the run "
+        "serves on 127.0.0.1); its calls are trained token-faithfully (pip install 'rollwise[serve]'; docs/serve.md)")
+    harness_timeout: float = Field(300.0, gt=0, description="seconds a harness episode may run before it scores 0 "
+                                   "(its unfinished requests are aborted)")
     tool_format: Literal["auto", "hermes", "plain"] = Field(
         "auto", description="how a turn calls tools: hermes (<tool_call>{json}</tool_call>, results through the chat "
         "template), plain (<call>name(args)</call>, results as <result>..</result>), auto = hermes with a chat template")

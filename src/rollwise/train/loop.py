@@ -46,6 +46,7 @@ from rollwise.train.build import (
     async_threads,
     check_workers,
     episode_sampler,
+    harness_sampler,
     lr_lambda,
     packed_forward,
     reference_model,
@@ -115,6 +116,9 @@ class Trainer:
         self.controller = controller
         pruner = controller if controller.prunes_in_generation else None  # arrol prunes inside generation
         gate = (lambda partial: controller.should_continue(partial, self.stats)) if controller.asks_should_continue else None
+        if self.cfg.rollout.harness is not None:  # every rollout an agent harness's episode, through the endpoint
+            self.generator = harness_sampler(self.cfg.rollout, self.sampling, self.tokenizer, controller)
+            return
         if self.cfg.rollout.environment is not None:  # every rollout a multi-turn episode
             self.generator = episode_sampler(self.cfg.rollout, self.sampling, self.tokenizer, controller)
             return
@@ -292,7 +296,7 @@ class Trainer:
             self.engine, self.eval_prompts, self.judge, self.decode, max_new_tokens=self.cfg.rollout.max_new_tokens,
             stop_token_ids=self.stop_ids, samples=tc.eval_samples, temperature=self.cfg.rollout.temperature,
             seed=self.cfg.seed, keep=tc.log_samples,
-            episodes=self.generator if self.cfg.rollout.environment is not None else None,
+            episodes=self.generator if self.episodic else None,
         )
 
     def record_eval(self) -> EvalResult:
@@ -369,8 +373,15 @@ class Trainer:
         """Write ``report.html`` into the run directory; a failure is a warning, never a failed run."""
         return rundir.write_report(self.run_dir)
 
+    @property
+    def episodic(self) -> bool:
+        """Every rollout is an episode (an environment's or a harness's): evals run them too."""
+        return self.cfg.rollout.environment is not None or self.cfg.rollout.harness is not None
+
     def close(self) -> None:
-        """Flush the logs and stop what the run started (the async producer, the sandbox's workers)."""
+        """Flush the logs and stop what the run started (the async producer, the sandbox's workers, the endpoint)."""
+        if hasattr(self.generator, "close"):
+            self.generator.close()
         if self.pipeline is not None:  # stopped without waiting for more batches
             self.pipeline.stop()
             self.pipeline = None

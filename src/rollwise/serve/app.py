@@ -32,6 +32,10 @@ def create_app(service: ChatService) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid(_, err: RequestValidationError):
         first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":  # its loc is ("body", character offset): no field to name
+            at, why = first["loc"][-1], first.get("ctx", {}).get("error", "")
+            return JSONResponse(ApiError(400, f"body: not valid JSON ({why} at character {at})", "body").body(),
+                                status_code=400)
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         where = ".".join(loc) or "body"
         return JSONResponse(ApiError(400, f"{where}: {first.get('msg')}", where).body(), status_code=400)

@@ -1,4 +1,4 @@
-"""``rollwise``: train | sft | export | eval | report | list | bench.
+"""``rollwise``: train | sft | export | eval | report | serve | list | bench.
 
 Errors a user can fix (config, paths, data) print one line and exit 2; set
 ``ROLLWISE_DEBUG=1`` for the traceback.
@@ -151,6 +151,62 @@ def report(
     from rollwise.report import write_report
 
     console.print(f"report: {write_report(run_dirs, out)}")
+
+
+@app.command()
+@friendly_errors
+def serve(
+    model: Annotated[str, typer.Argument(help="a local Hugging Face model directory, a .gguf file, a pkg: path, or "
+                                              "a tiny preset name (tiny, small, medium)")],
+    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port (0 = a free one)")] = 8000,
+    name: Annotated[str | None, typer.Option(help="the served model id (default: the directory's or file's name)")] = None,
+    max_batch_size: Annotated[int, typer.Option(help="engine slots: requests sampled together")] = 32,
+    seed: Annotated[int, typer.Option(help="seeds requests that name no seed")] = 0,
+    tool_format: Annotated[str, typer.Option(help="tool-call format: auto (hermes with a chat template, else plain) "
+                                                  "| hermes | plain")] = "auto",
+    max_tokens: Annotated[int, typer.Option(help="completion cap when a request sets no max_tokens")] = 512,
+):
+    """An OpenAI-compatible /v1/chat/completions on the engine, until Ctrl-C (docs/serve.md)."""
+    import signal
+    import threading
+
+    from rollwise.config import ConfigError
+    from rollwise.engine.slots import SlotEngine
+    from rollwise.model.load import ModelConfig, load_model_and_tokenizer
+    from rollwise.model.tiny import PRESETS
+    from rollwise.tasks.tool_calls import tool_format as pick_format
+
+    try:
+        from rollwise.serve import serve_engine
+    except ImportError as err:
+        raise ConfigError(f"rollwise serve needs the serve extra ({err.name} is missing): "
+                          "pip install 'rollwise[serve]'") from None
+    cfg = ModelConfig(preset=model) if model in PRESETS else ModelConfig(path=model)
+    with console.status(f"loading {model}"):
+        policy, tok = load_model_and_tokenizer(cfg, seed=seed)
+    try:
+        fmt = pick_format(tool_format, tok)
+    except ValueError as err:
+        raise ConfigError(f"--tool-format: {err}") from None
+    engine = SlotEngine(policy, pad_token_id=tok.pad_token_id, max_batch_size=max_batch_size, seed=seed)
+    path = Path(model.removeprefix("pkg:"))
+    served = name or (model if model in PRESETS else path.stem if path.suffix.lower() == ".gguf" else path.name)
+    try:
+        server = serve_engine(engine, tok, fmt, model_name=served, seed=seed, default_max_tokens=max_tokens,
+                              host=host, port=port)
+    except RuntimeError as err:  # the port is taken
+        raise ConfigError(str(err)) from None
+    console.print(f"serving '{served}' ({fmt.name} tool calls) at {server.url} — Ctrl-C stops", highlight=False,
+                  soft_wrap=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        server.drive(stop.is_set)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
 
 
 @app.command("list")

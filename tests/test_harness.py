@@ -79,7 +79,7 @@ def _choice(prompt, ids):
 
 
 def test_calls_that_extend_each_other_are_one_segment_with_the_inserted_ids_masked():
-    log = EpisodeLog(0, [Call([], [_choice([1, 2], [5, 6])]), Call([], [_choice([1, 2, 5, 6, 9, 9], [7])])])
+    log = EpisodeLog((0,), [Call([], [_choice([1, 2], [5, 6])]), Call([], [_choice([1, 2, 5, 6, 9, 9], [7])])])
     (seg,) = segments_of(log)
     assert seg.prompt_ids == [1, 2] and seg.ids == [5, 6, 9, 9, 7]
     assert seg.weights == [1, 1, 0, 0, 1] and seg.logprobs == [-0.5, -0.5, 0.0, 0.0, -0.5]
@@ -87,7 +87,7 @@ def test_calls_that_extend_each_other_are_one_segment_with_the_inserted_ids_mask
 
 
 def test_a_call_that_does_not_extend_starts_a_new_segment():
-    log = EpisodeLog(0, [Call([], [_choice([1, 2], [5, 6])]), Call([], [_choice([1, 3], [7])])])
+    log = EpisodeLog((0,), [Call([], [_choice([1, 2], [5, 6])]), Call([], [_choice([1, 3], [7])])])
     first, second = segments_of(log)
     assert (first.prompt_ids, first.ids) == ([1, 2], [5, 6]) and (second.prompt_ids, second.ids) == ([1, 3], [7])
 
@@ -194,3 +194,43 @@ def test_rl_steps_on_harness_episodes_move_the_policy(tmp_path):
         with pytest.raises(ConfigError, match=says):
             Trainer(load_run_config(None, [f"output_dir={tmp_path}/b", "rollout.harness=test_harness:two_calls",
                                            *bad])).prepare()
+
+
+# -- the same episodes as the in-process environment ----------------------------------------------------
+class AlwaysCall(type(FORMATS["plain"])):
+    """Every finished turn calls the calculator (a random tiny model never writes a call itself)."""
+
+    def parse(self, text):
+        from rollwise.tasks.tool_calls import ToolCall
+
+        return [ToolCall("calculate", {"expression": "6*7"})]
+
+
+def test_the_openai_only_harness_samples_exactly_the_in_process_episodes(engine_and_tok):
+    """examples/calculator_harness.py through the endpoint and the built-in calculator environment in
+    process: the same prompts and seeds give the same ids, masks and behaviour log-probs — token-faithful."""
+    import sys
+    from pathlib import Path
+
+    from rollwise.generate.episode import EpisodeSampler
+    from rollwise.tasks.environment import episode_envs
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from examples.calculator_harness import rollout
+
+    engine, tok = engine_and_tok
+    params = SamplingParams(max_new_tokens=40, stop_token_ids=digits_stop(tok))
+    fmt = AlwaysCall()
+    inproc = EpisodeSampler(params, tok, episode_envs("calculator", 10.0, 2000), fmt, max_turns=2)
+    harness = HarnessSampler(params, tok, fmt, rollout)
+    try:
+        want, _ = inproc.generate(engine, PROMPTS, [3, 3], seed=11)
+        got, metrics = harness.generate(engine, PROMPTS, [3, 3], seed=11)
+    finally:
+        harness.close()
+    assert metrics["harness/failed"] == 0 and metrics["harness/segments_mean"] == 1
+    pairs = [(a, b) for gw, gg in zip(want, got) for a, b in zip(gw.rollouts, gg.rollouts)]
+    assert any(a.loss_weights for a, _ in pairs)  # some episodes did insert a tool result
+    for a, b in pairs:
+        assert (b.prompt_ids, b.completion_ids, b.loss_weights) == (a.prompt_ids, a.completion_ids, a.loss_weights)
+        assert torch.allclose(torch.tensor(b.behavior_logprobs), torch.tensor(a.behavior_logprobs), atol=1e-5)

@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from rollwise.config import ConfigError
 from rollwise.engine.sampling import SamplingParams
 from rollwise.generate.base import Generator
-from rollwise.seeds import derive
 from rollwise.serve.service import EpisodeLog
 from rollwise.types import Prompt, Rollout, RolloutGroup, Turn
 
@@ -117,9 +116,10 @@ class HarnessSampler(Generator):
         server = self._serve(engine)
         server.service.sampling = self.params  # this call's settings (an eval passes greedy ones)
         server.service.episode_budget = self.params.max_new_tokens
-        episodes = [(pi, f"{seed}-{pi}-{j}", derive(seed, pi, j)) for pi, n in enumerate(budgets) for j in range(n)]
-        for _, tag, ep_seed in episodes:
-            server.service.open(tag, ep_seed)
+        server.service.stop_ids = self.params.stop_token_ids or server.service.stop_ids
+        episodes = [(pi, f"{seed}-{pi}-{j}", (seed, pi, j)) for pi, n in enumerate(budgets) for j in range(n)]
+        for _, tag, key in episodes:  # call k samples as an in-process episode's turn k (EpisodeSampler's seeds)
+            server.service.open(tag, key)
         outcomes: dict[str, tuple[float | None, str]] = {}
         finished = threading.Event()
 
@@ -175,6 +175,11 @@ class HarnessSampler(Generator):
                                     timeout=self.timeout)
         try:
             reward = await asyncio.wait_for(self.harness(client, row), self.timeout)
+        except openai.BadRequestError as err:
+            if getattr(err, "code", None) == "episode_budget_exhausted":  # the episode ran out of tokens: it ends
+                return None, ""
+            server.service.cancel(tag)
+            return None, f"the harness raised {type(err).__name__}: {err}"[:500]
         except asyncio.TimeoutError:
             server.service.cancel(tag)
             return None, f"the harness ran past rollout.harness_timeout ({self.timeout:g} s)"

@@ -14,14 +14,17 @@ finished sequence's keys/values (``SlotEngine``, ``SamplingParams.keep_cache``) 
 ids are prefilled. A request that rewrites history is rendered afresh (a new segment of the
 trajectory). ``close(tag)`` hands the record over and forgets it.
 
-Seeds: a request's ``seed``, else the episode's seed and the call's index, else the service's
-seed and a counter — so a training run's harness calls sample the same tokens every run.
+Seeds: a request's ``seed``, else the episode's key and the call's index (a training run opens
+episode (step seed, prompt slot, sample) whose call k samples as an in-process episode's turn k),
+else the service's seed and a counter — so a training run's harness calls sample the same
+tokens every run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import zlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -33,6 +36,8 @@ from rollwise.generate.conversation import ChatRenderer
 from rollwise.seeds import derive
 from rollwise.serve.driver import EngineDriver, Job
 from rollwise.serve.schema import (ApiError, ChatRequest, Message, completion_id, envelope, token_logprobs)
+
+TAGGED, UNTAGGED = 1, 2  # seed-derivation keys of a server's own tags and of untagged requests (ints: derive hashes)
 
 
 @dataclass
@@ -59,7 +64,7 @@ class Call:
 
 @dataclass
 class EpisodeLog:
-    seed: int
+    key: tuple[int, ...]  # call k's choice 0 samples with seed derive(*key, k) (an in-process episode's turn k's)
     calls: list[Call] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
 
@@ -85,8 +90,8 @@ class ChatService:
         return self.driver.engine
 
     # -- episodes ---------------------------------------------------------------------------------
-    def open(self, tag: str, seed: int) -> None:
-        self.episodes[tag] = EpisodeLog(seed)
+    def open(self, tag: str, key: tuple[int, ...]) -> None:
+        self.episodes[tag] = EpisodeLog(tuple(key))
 
     def close(self, tag: str) -> EpisodeLog | None:
         """Forget an episode (its unfinished requests are aborted); return its record."""
@@ -103,7 +108,7 @@ class ChatService:
         if tag is None:
             return None
         if tag not in self.episodes:
-            self.open(tag, derive(self.seed, "episode", tag))
+            self.open(tag, (self.seed, TAGGED, zlib.crc32(tag.encode())))
             while len(self.episodes) > self.max_episodes:
                 self.episodes.popitem(last=False)
         return self.episodes[tag]
@@ -171,9 +176,9 @@ class ChatService:
         if req.seed is not None:
             return derive(req.seed, choice)
         if log is not None:
-            return derive(log.seed, len(log.calls), choice)
+            return derive(*log.key, len(log.calls), *([choice] if choice else []))
         self._counter += 1
-        return derive(self.seed, "untagged", self._counter, choice)
+        return derive(self.seed, UNTAGGED, self._counter, choice)
 
     def _chain(self, log: EpisodeLog, messages: list[Message]) -> tuple[Choice, list[Message]] | None:
         """The recorded choice this conversation continues token-faithfully, and the messages after it."""
@@ -239,7 +244,9 @@ class ChatService:
         for s in req.stop:
             text = text.split(s, 1)[0]
         message, finish = {"role": "assistant", "content": text}, "length" if c.finish_reason == "length" else "stop"
-        calls = [call for call in self.fmt.parse(text) if not call.error] if req.parses_tools else []
+        # a turn cut by max_tokens makes no calls (an in-process episode's rule too)
+        calls = [call for call in self.fmt.parse(text) if not call.error] \
+            if req.parses_tools and c.finish_reason == "stop" else []
         if calls:
             head = text.split(self.fmt.open, 1)[0].strip()
             message = {"role": "assistant", "content": head or None, "tool_calls": [

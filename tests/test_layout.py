@@ -129,3 +129,36 @@ def test_the_scan_sees_imports():
     relative = "from ..train import loop\nfrom . import base\nfrom .. import bench\n"
     assert rollwise_imports(ROOT / "generate" / "group.py", relative) == {"train", "generate", "bench"}
     assert rollwise_imports(ROOT / "dist" / "__init__.py", "from .pool import WorkerPool\n") == {"dist"}
+
+
+# An optional extra (pyproject's [project.optional-dependencies]) is imported inside functions only, so rollwise
+# imports without it: module → the extra's top-level import names. A row per module that uses an extra.
+EXTRAS_INSIDE_FUNCTIONS = {
+    "tasks/openenv.py": {"openenv"},  # rollwise[openenv]
+}
+
+
+def import_time_imports(source: str) -> set[str]:
+    """The top-level names a module imports when it is imported: not in function bodies."""
+    found: set[str] = set()
+
+    def visit(node) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name.split(".")[0] for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                found.add(child.module.split(".")[0])
+            visit(child)
+
+    visit(ast.parse(source))
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(EXTRAS_INSIDE_FUNCTIONS))
+def test_optional_extras_are_imported_inside_functions(module):
+    assert import_time_imports((ROOT / module).read_text()) & EXTRAS_INSIDE_FUNCTIONS[module] == set()
+    # the scan can fail: an import at module level, or in a class body or a try, is found
+    assert import_time_imports("try:\n    import openenv.core\nexcept ImportError:\n    pass\n"
+                               "class A:\n    from openenv import x\ndef f():\n    import ray\n") == {"openenv"}

@@ -146,6 +146,9 @@ class EpisodeSampler(Generator):
                 counts[r.error] += 1
             counts["truncated"] += r.truncated
         ep.messages += [{"role": "tool", "name": c.name, "content": r.text} for c, r in zip(calls, results)]
+        if getattr(ep.env, "done", False):  # the environment ended the episode (OpenEnv's done): nothing to answer
+            ep.done = True
+            return
         inserted = self._inserted_ids(calls, results)
         if len(ep.ids) + len(inserted) >= self.params.max_new_tokens:
             ep.done, ep.finish = True, "length"  # no room left to answer

@@ -39,7 +39,12 @@ RESERVED = ("reset", "get_reward", "observation_key")
 
 
 def load_environment(spec: str) -> Callable[[], object]:
-    """``rollout.environment`` → the class (a factory of instances); checks it has ``reset``."""
+    """``rollout.environment`` → the class (a factory of instances); checks it has ``reset``.
+    ``openenv:<url>`` → a ``tasks.openenv.OpenEnvServer``, checked to answer now."""
+    if spec.startswith("openenv:"):  # an OpenEnv server (tasks/openenv.py)
+        from rollwise.tasks.openenv import OpenEnvServer
+
+        return OpenEnvServer(spec)
     target = ENVIRONMENTS.get(spec, spec)
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
@@ -89,6 +94,8 @@ class EnvironmentFailed(RuntimeError):
 class EpisodeEnv:
     """One environment instance as an episode loop drives it (``generate/episode.py``): its tools'
     schemas, contained tool calls, its reward and anchor state, each failure a message or a 0."""
+
+    done = False  # the environment ended the episode (an OpenEnv observation's done; tasks/openenv.py)
 
     def __init__(self, env, timeout: float, max_chars: int, schemas: dict[str, Tool] | None = None):
         """``schemas``: the class's tools from ``tools_of`` on another instance, bound to this one
@@ -148,6 +155,8 @@ def episode_parts(rollout, tokenizer) -> tuple[Callable[[], EpisodeEnv], object]
 def episode_envs(spec: str, timeout: float, max_chars: int) -> Callable[[], EpisodeEnv]:
     """``rollout.environment`` as a factory of ``EpisodeEnv``s (checked now: one instance is built)."""
     cls = load_environment(spec)
+    if spec.startswith("openenv:"):  # an OpenEnvServer: its episodes are sessions with it (tasks/openenv.py)
+        return cls.episodes(timeout, max_chars)
     schemas = tools_of(cls())  # once, and its errors at config time, not mid-run
     return lambda: EpisodeEnv(cls(), timeout, max_chars, schemas)
 

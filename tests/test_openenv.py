@@ -334,6 +334,8 @@ def test_a_server_that_dies_mid_step_scores_its_episodes_0_and_training_goes_on(
         for r in rollouts[0][1:] + rollouts[1]:  # the others met a dead server
             assert r.env_reward == 0.0 and r.env_reward.reason.startswith(f"OpenEnv server {url}: ")
             assert r.reward_components["environment"] == 0.0
+            assert r.failure.startswith(("reset failed", "count failed")) and r.reward == 0.0
+            assert r.reward_reasons["failure"] == r.failure  # the report shows why
         assert all("reset failed" in r.env_reward.reason for r in rollouts[1])
         assert any(m["content"].startswith("Error: the environment server failed: count failed")
                    for r in rollouts[0][1:] for m in r.messages if m["role"] == "tool")

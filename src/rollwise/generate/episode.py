@@ -174,5 +174,6 @@ class EpisodeSampler(Generator):
                     behavior_logprobs=ep.logprobs, versions=ep.versions, finish_reason=ep.finish,
                     completion_text=self.tokenizer.decode(ep.ids, skip_special_tokens=True),
                     loss_weights=weights if ep.forced else None, turns=ep.turns,
-                    messages=ep.messages, env_reward=ep.env.reward())
+                    messages=ep.messages, env_reward=ep.env.reward(),
+                    failure=getattr(ep.env, "failure", None))  # an environment server that failed: 0, with why
 

@@ -72,7 +72,8 @@ class RolloutConfig(StrictModel):
     environment: str | None = Field(
         None, description="multi-turn episodes: an environment class (TRL's environment_factory shape: reset(**row), "
         "its public methods are tools, optional get_reward) as package.module:Class, or a built-in: python_tool, "
-        "calculator, guess_number (null = one completion per rollout; docs/environments.md)")
+        "calculator, guess_number, or an OpenEnv server as openenv:http://HOST:PORT (null = one completion per rollout; "
+        "docs/environments.md)")
     harness: str | None = Field(
         None, description="agent-harness episodes: an `async def rollout(client, row) -> float | None` as "
         "package.module:function that talks to the policy through the openai client it is given (an endpoint the run "

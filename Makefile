@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all smollm2-seeds tiny-tools clean
+.PHONY: install demo test test-all smollm2-seeds tiny-tools tiny-harness clean
 
 $(STAMP): pyproject.toml
 	# the code sandbox needs bubblewrap (apt); skipped when already installed
@@ -47,6 +47,20 @@ smollm2-seeds: $(STAMP)
 # two arms side by side (one torch thread each), then the table README.md quotes (docs/data/tiny_calculator.json)
 TOOL_RUNS := $(foreach s,0 1 2,runs/tiny_calculator-s$(s))
 NO_TOOL_RUNS := $(foreach s,0 1 2,runs/tiny_calculator_no_tool-s$(s))
+# issue 25: the calculator agent written only against the openai client (rollout.harness) vs the in-process
+# environment, seeds 0-2, one run at a time (the overhead is their RL wall-time ratio)
+HARNESS_RUNS := $(foreach s,0 1 2,runs/tiny_calculator_harness-s$(s))
+INPROC_RUNS := $(foreach s,0 1 2,runs/tiny_calculator-inproc-s$(s))
+tiny-harness: $(STAMP)
+	mkdir -p runs
+	for s in 0 1 2; do \
+		OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/tiny_calculator_harness.yaml --set seed=$$s \
+			--set name=tiny_calculator_harness-s$$s > runs/tiny_calculator_harness-s$$s.log 2>&1; \
+		OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/tiny_calculator.yaml --set seed=$$s \
+			--set name=tiny_calculator-inproc-s$$s > runs/tiny_calculator-inproc-s$$s.log 2>&1; done
+	$(BIN)/python scripts/seeds_table.py --arm harness $(HARNESS_RUNS) --arm in_process $(INPROC_RUNS) \
+		--json docs/data/tiny_calculator_harness.json
+
 tiny-tools: $(STAMP)
 	mkdir -p runs
 	for s in 0 1 2; do \

@@ -371,5 +371,14 @@ def bench_multiturn(json_path: JsonOpt = None, set_: SetOpt = None):
     _report(run_multiturn_bench(overrides=set_ or [], console=console), json_path)
 
 
+@bench_app.command("serve")
+@friendly_errors
+def bench_serve(json_path: JsonOpt = None, set_: SetOpt = None):
+    """The OpenAI-compatible endpoint vs the in-process engine on the same requests at 1, 8, 32 in flight: req/s, tok/s."""
+    from rollwise.bench.serve import run_serve_bench
+
+    _report(run_serve_bench(overrides=set_ or [], console=console), json_path)
+
+
 if __name__ == "__main__":
     app()

@@ -11,12 +11,13 @@ module level: only ``rollwise serve`` and ``rollout.harness`` import this packag
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
-from fastapi import FastAPI, Header
+from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rollwise.serve.schema import ApiError, ChatRequest
 from rollwise.serve.service import ChatService
@@ -49,8 +50,16 @@ def create_app(service: ChatService) -> FastAPI:
         return {"object": "list", "data": [{"id": service.model_name, "object": "model", "created": 0,
                                             "owned_by": "rollwise"}]}
 
-    async def chat(body: ChatRequest, tag: str | None):
-        result = await service.complete(body, tag)
+    async def chat(body: ChatRequest, tag: str | None, request: Request):
+        # a client that goes away before its (non-streamed) answer cancels the request: its sequences are
+        # aborted at the engine's next step, as a stream's are when its client goes (StreamingResponse)
+        work, gone = asyncio.ensure_future(service.complete(body, tag)), asyncio.ensure_future(_gone(request))
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+            return Response(status_code=499)  # "client closed request": nobody reads it
+        result = work.result()
         if isinstance(result, dict):
             return result
         return StreamingResponse(result, media_type="text/event-stream")
@@ -68,14 +77,20 @@ def create_app(service: ChatService) -> FastAPI:
         return models()
 
     @app.post("/v1/chat/completions")
-    async def completions(body: ChatRequest, x_rollwise_episode: str | None = Header(None)):
-        return await chat(body, x_rollwise_episode)
+    async def completions(body: ChatRequest, request: Request, x_rollwise_episode: str | None = Header(None)):
+        return await chat(body, x_rollwise_episode, request)
 
     @app.post("/episodes/{tag}/v1/chat/completions")
-    async def completions_tagged(tag: str, body: ChatRequest):
-        return await chat(body, tag)
+    async def completions_tagged(tag: str, body: ChatRequest, request: Request):
+        return await chat(body, tag, request)
 
     return app
+
+
+async def _gone(request: Request) -> None:
+    """Returns when the client disconnects (the body is read by then: what else arrives is empty)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class Server:

@@ -345,6 +345,24 @@ def test_a_client_gone_mid_stream_is_aborted(served):
     still_serves(served)
 
 
+def test_a_client_gone_before_its_answer_is_aborted(served):
+    s = served
+    kw = dict(model=MODEL, messages=HI, max_tokens=200, seed=first_seed(s, "length", 200))
+    aborted = s.engine.stats.aborted
+    s.engine.release.clear()
+    s.engine.stall_at = s.engine.stats.steps + 4  # the sequence cannot finish before the client gives up
+    try:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(s.server.url + "/chat/completions", json=kw, timeout=0.5)
+        wait_for(lambda: s.engine.stats.aborted > aborted or any(job.cancelled for job in s.service.driver._jobs),
+                 "the server to see the disconnect")
+    finally:
+        s.engine.stall_at = None
+        s.engine.release.set()
+    wait_for(lambda: s.engine.stats.aborted == aborted + 1, "the engine to abort the sequence")
+    still_serves(served)
+
+
 def wait_for(condition, what: str, bound: float = 30.0) -> None:
     deadline = time.monotonic() + bound
     while not condition():

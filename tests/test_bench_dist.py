@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 
+@pytest.mark.slow  # ~20 s idle, 100 s on a loaded 2-core machine; tests/test_dist.py checks what the workers compute
 def test_bench_dist_smoke(tmp_path, ray_cluster):
     from rollwise.cli import app
 

@@ -97,8 +97,14 @@ def reference_model(cfg, model, init_dir: Path, device):
 
 def harness_sampler(rollout, params, tokenizer, controller):
     """``rollout.harness``'s ``HarnessSampler``: episodes an agent program runs through the run's endpoint."""
+    import importlib.util
+
     from rollwise.serve.harness import HarnessSampler, load_harness
     from rollwise.tasks.tool_calls import tool_format
+
+    missing = [m for m in ("fastapi", "uvicorn", "openai") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"rollout.harness needs {', '.join(missing)}: pip install 'rollwise[serve]'")
 
     if rollout.environment is not None:
         raise ConfigError("rollout.harness and rollout.environment both set: a harness runs its own tools; choose one")

@@ -266,6 +266,23 @@ def test_an_episode_continues_token_faithfully_from_the_kept_cache(served):
     ep2.close()
 
 
+def test_only_the_most_recently_used_episodes_keep_their_cache(served):
+    """A standalone server keeps the KV of at most ``max_cached`` episodes' last calls (least recently
+    used dropped): memory is bounded, and a dropped episode is still continued token-faithfully."""
+    s = served
+    s.service.max_cached, kept = 2, s.service.max_cached
+    try:
+        for tag in ("lru-a", "lru-b", "lru-c"):
+            s.client.chat.completions.create(model=MODEL, messages=HI, max_tokens=3,
+                                             extra_headers={"X-Rollwise-Episode": tag})
+        has_kv = {tag: s.service.episodes[tag].calls[-1].choices[0].completion is not None
+                  and s.service.episodes[tag].calls[-1].choices[0].completion.kv is not None
+                  for tag in ("lru-a", "lru-b", "lru-c")}
+        assert has_kv == {"lru-a": False, "lru-b": True, "lru-c": True}
+    finally:
+        s.service.max_cached = kept
+
+
 def test_the_episode_header_tags_the_plain_route(served):
     served.client.chat.completions.create(model=MODEL, messages=HI, max_tokens=3,
                                           extra_headers={"X-Rollwise-Episode": "by-header"})

@@ -71,13 +71,17 @@ class EpisodeLog:
 
 class ChatService:
     def __init__(self, driver: EngineDriver, tokenizer, fmt, *, model_name: str, max_len: int, seed: int = 0,
-                 default_max_tokens: int = 512, max_episodes: int = 4096, sampling: SamplingParams | None = None,
+                 default_max_tokens: int = 512, max_episodes: int = 4096, max_cached: int = 256,
+                 sampling: SamplingParams | None = None,
                  episode_budget: int | None = None):
         self.driver, self.tokenizer, self.fmt = driver, tokenizer, fmt
         self.renderer = ChatRenderer(tokenizer, fmt)
         self.model_name, self.max_len, self.seed = model_name, max_len, seed
         self.default_max_tokens = default_max_tokens
-        self.max_episodes = max_episodes  # untagged-run tags kept (oldest forgotten first)
+        self.max_episodes = max_episodes  # tags a standalone server keeps (oldest forgotten first)
+        # episodes whose last call keeps its KV cache to continue from (least recently used dropped first:
+        # a dropped one is prefilled whole on its next call); a SmolLM2 episode of 500 tokens holds ~23 MB
+        self.max_cached = max_cached
         # a training run's settings: temperature, top-p and top-k are the run's whatever a request asks (the
         # update recomputes log-probs under them), and an episode's tokens past its first prompt are capped
         self.sampling, self.episode_budget = sampling, episode_budget
@@ -111,6 +115,7 @@ class ChatService:
             self.open(tag, (self.seed, TAGGED, zlib.crc32(tag.encode())))
             while len(self.episodes) > self.max_episodes:
                 self.episodes.popitem(last=False)
+        self.episodes.move_to_end(tag)  # most recently used last
         return self.episodes[tag]
 
     # -- one request -------------------------------------------------------------------------------
@@ -281,6 +286,11 @@ class ChatService:
             for c in call.choices:
                 c.completion = None if c.completion is None else replace(c.completion, kv=None)
         log.calls.append(Call([m.key() for m in req.messages], choices, [m.as_chat() for m in req.messages]))
+        cached = [lg for lg in self.episodes.values() if lg.calls and any(
+            c.completion is not None and c.completion.kv is not None for c in lg.calls[-1].choices)]
+        for old in cached[: max(0, len(cached) - self.max_cached)]:  # least recently used first
+            for c in old.calls[-1].choices:
+                c.completion = None if c.completion is None else replace(c.completion, kv=None)
 
     async def _stream(self, req: ChatRequest, job: Job, log: EpisodeLog | None, prompt_start: tuple[list[int], int],
                       events: asyncio.Queue) -> AsyncIterator[str]:

@@ -95,7 +95,7 @@ def engine_requests(cfg: ServeBenchConfig, service, messages: list[list[dict]]) 
     from rollwise.engine.sampling import SamplingParams
     from rollwise.seeds import derive
 
-    return [Request(service.renderer.conversation_ids(m),
+    return [Request(service.renderer.prompt_ids(m),
                     SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_tokens,
                                    stop_token_ids=service.stop_ids, seed=derive(cfg.seed + i, 0)))
             for i, m in enumerate(messages)]

@@ -29,8 +29,8 @@ class ChatRenderer:
     fmt: object  # a tasks.tool_calls.ToolFormat
 
     def prompt_ids(self, messages: list[dict], schemas: list[dict] | None = None) -> list[int]:
-        """The first prompt of a conversation (``messages`` up to the assistant's turn), with the
-        generation prompt."""
+        """A conversation rendered afresh (the first prompt, or a history whose assistant turns are
+        text), with the generation prompt."""
         tok = self.tokenizer
         if not self.fmt.uses_chat_template:
             return self._plain_ids(messages)
@@ -44,10 +44,6 @@ class ChatRenderer:
                 messages.insert(0, {"role": "system", "content": system})
             ids = render(tok, messages, True)
         return ids
-
-    def conversation_ids(self, messages: list[dict], schemas: list[dict] | None = None) -> list[int]:
-        """A whole conversation rendered afresh (its assistant turns as text), with the generation prompt."""
-        return self.prompt_ids(messages, schemas)
 
     def _plain_ids(self, messages: list[dict]) -> list[int]:
         """Plain layout: the system/user texts before the first assistant turn joined by newlines; then

@@ -137,7 +137,7 @@ class ChatService:
                 base, rest = chained
                 prompt = base.prompt_ids + base.ids + self.renderer.suffix_ids([m.as_chat() for m in rest])
             else:
-                prompt = self.renderer.conversation_ids([self._as_text(m) for m in req.messages], req.tools)
+                prompt = self.renderer.prompt_ids([self._as_text(m) for m in req.messages], req.tools)
         except (ValueError, TypeError, KeyError) as err:  # a template that refuses these messages
             raise ApiError(400, f"messages: cannot render them with this model's chat template: {err}",
                            "messages") from None

@@ -12,6 +12,7 @@ fails instead of hanging.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -344,19 +345,12 @@ def test_a_client_gone_mid_stream_is_aborted(served):
     s = served
     kw = dict(model=MODEL, messages=HI, max_tokens=200, seed=first_seed(s, "length", 200))  # 200 ids unless stopped
     aborted = s.engine.stats.aborted
-    s.engine.release.clear()
-    s.engine.stall_at = s.engine.stats.steps + 4  # the stream runs 4 steps, then waits for the test
-    try:
+    with stalled_after_4_steps(s, aborted):  # the stream runs 4 steps, then waits for the test
         with httpx.stream("POST", s.server.url + "/chat/completions", json=kw | {"stream": True}) as r:
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")  # the role chunk: the job is in the engine
         # the client hung up (4 tokens at most sampled); the server notices and cancels the job, which the
         # driver aborts before its next step (at once, or after the held step is released)
-        wait_for(lambda: s.engine.stats.aborted > aborted or any(job.cancelled for job in s.service.driver._jobs),
-                 "the server to see the disconnect")
-    finally:
-        s.engine.stall_at = None
-        s.engine.release.set()
     wait_for(lambda: s.engine.stats.aborted == aborted + 1, "the engine to abort the sequence")
     wait_for(lambda: not s.service.driver._jobs, "the driver to forget the job")
     still_serves(served)
@@ -366,18 +360,26 @@ def test_a_client_gone_before_its_answer_is_aborted(served):
     s = served
     kw = dict(model=MODEL, messages=HI, max_tokens=200, seed=first_seed(s, "length", 200))
     aborted = s.engine.stats.aborted
-    s.engine.release.clear()
-    s.engine.stall_at = s.engine.stats.steps + 4  # the sequence cannot finish before the client gives up
-    try:
+    with stalled_after_4_steps(s, aborted):  # the sequence cannot finish before the client gives up
         with pytest.raises(httpx.TimeoutException):
             httpx.post(s.server.url + "/chat/completions", json=kw, timeout=0.5)
+    wait_for(lambda: s.engine.stats.aborted == aborted + 1, "the engine to abort the sequence")
+    still_serves(served)
+
+
+@contextlib.contextmanager
+def stalled_after_4_steps(s, aborted: int):
+    """Hold the engine 4 steps from now while the body runs a client that goes away; on leaving, wait
+    until the server has seen the disconnect (the job aborted or cancelled), then let the engine go."""
+    s.engine.release.clear()
+    s.engine.stall_at = s.engine.stats.steps + 4
+    try:
+        yield
         wait_for(lambda: s.engine.stats.aborted > aborted or any(job.cancelled for job in s.service.driver._jobs),
                  "the server to see the disconnect")
     finally:
         s.engine.stall_at = None
         s.engine.release.set()
-    wait_for(lambda: s.engine.stats.aborted == aborted + 1, "the engine to abort the sequence")
-    still_serves(served)
 
 
 def wait_for(condition, what: str, bound: float = 30.0) -> None:

@@ -144,6 +144,22 @@ def test_arms_and_their_lines():
         load_ablate_config(["arms=[objective:gspo@epochs3]"])
 
 
+def test_regime_and_joined_arms():
+    """``regime:<r>`` is the regime's own lines against the ledger's baseline; ``a+b`` is both arms' lines."""
+    assert arm_lines("regime:async1") == ["train.mode=async", "train.max_staleness=1"]
+    assert arm_lines("objective:dapo+control:vade") == ["objective.method=dapo", "control.method=vade"]
+    assert arm_lines("objective:mc_grpo+regime:epochs2") == ["objective.method=mc_grpo", "rollout.num_generations=7",
+                                                             "optim.num_iterations=2"]
+    cfg = load_ablate_config(["arms=[regime:async1,objective:dapo+control:vade]", "noise_floor=false"])
+    assert all_arms(cfg) == [BASELINE, "regime:async1", "objective:dapo+control:vade"]  # both against the baseline
+    with pytest.raises(ConfigError, match="unknown regime 'async9'"):
+        load_ablate_config(["arms=[regime:async9]"])
+    with pytest.raises(ConfigError, match="stage:id"):
+        load_ablate_config(["arms=[objective:dapo+vade]"])
+    with pytest.raises(ConfigError, match="recipe: no file"):
+        load_ablate_config(["recipe=no/such/recipe.yaml"])
+
+
 def ablate(out, *sets):
     from rollwise.cli import app
 
@@ -203,3 +219,27 @@ def test_one_pass_gspo_is_grpo_found_from_runs(tmp_path):
     table = json.loads((tmp_path / "ablate" / "ledger.json").read_text())["tasks"]["arith"]
     assert table[BASELINE]["ids"] == [BASELINE, "objective:gspo"]
     assert table["objective:dr_grpo"]["ids"] == ["objective:dr_grpo"] and table["objective:dr_grpo"]["departs_at"] == 2
+
+
+def test_bench_ablate_on_a_recipe(tmp_path):
+    """With ``recipe`` the runs take the recipe's model, task and settings (no SFT warm start), each
+    to ``recipe_tokens``; the ledger's task is the recipe's file name."""
+    from rollwise.cli import app
+
+    recipe = tmp_path / "tiny_add.yaml"
+    recipe.write_text("name: tiny-add\nmodel: {preset: tiny}\ntask: {name: arith, max_digits: 1, eval_size: 6}\n"
+                      "rollout: {num_generations: 3, prompts_per_step: 2, max_new_tokens: 10}\n")
+    out = tmp_path / "ablate"
+    result = CliRunner().invoke(app, ["bench", "ablate", "--set", f"out={out}", "--set", f"recipe={recipe}",
+                                      "--set", "recipe_tokens=100", "--set", "seeds=[3]", "--set", "noise_floor=false",
+                                      "--set", "eval_every=50", "--set", "arms=[regime:epochs2]"])
+    assert result.exit_code == 0, result.output
+    records = {r["arm"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert set(records) == {BASELINE, "regime:epochs2"} and {r["task"] for r in records.values()} == {"tiny_add"}
+    assert all(r["generated_tokens"] >= 100 and r["seed"] == 3 for r in records.values())
+    assert not list(out.glob("warm_*"))  # no SFT warm start
+    for arm, iterations in ((BASELINE, 1), ("regime:epochs2", 2)):
+        config = (out / "runs" / f"tiny_add_{arm.replace(':', '_')}_3" / "config.yaml").read_text()
+        assert "num_generations: 3" in config and "prompts_per_step: 2" in config and "max_digits: 1" in config
+        assert f"num_iterations: {iterations}" in config and "\nseed: 3\n" in config
+    assert list(json.loads((out / "ledger.json").read_text())["tasks"]) == ["tiny_add"]

@@ -5,13 +5,17 @@ An arm is ``<stage>:<id>`` — ``objective:<preset>``, ``strategy:<id>``, ``cont
 group sampling, no control, no replay). ``<stage>:<id>@<regime>`` measures it in an off-policy
 regime (``REGIMES``: ``epochs2`` = two optimizer passes per batch, ``async1`` = async with
 staleness 1, ``replay`` = rollout replay) against the baseline in that regime
-(``baseline@<regime>``). Default arms (``default_arms()``): every method id implemented, plus,
+(``baseline@<regime>``); ``regime:<regime>`` is the regime itself (the baseline there) against the
+baseline (e.g. ``regime:async1``: what going async costs). Arms join with ``+`` into one arm
+(``objective:dapo+control:vade``). Default arms (``default_arms()``): every method id implemented, plus,
 in each of ``regimes``, every objective preset that differs from GRPO only in fields that act
 through the importance ratio (``ratio_presets()``: at one optimizer pass, on fresh samples, the
 ratio is 1 and those fields do nothing). The ``noise_floor`` arm is the baseline again with other
 rollout-sampling seeds (``sampling_seed``; same warm start, data order and eval set).
 
-For each task (``arith``, ``countdown``) one SFT warm start is shared by every arm; each arm
+For each task (``arith``, ``countdown``) one SFT warm start is shared by every arm (with ``recipe``:
+a run config's own model, task and settings instead — a real model from its pretrained weights,
+``recipe_tokens`` per run; the ledger's task is the recipe's file name); each arm
 runs for every seed until the engine has sampled the task's token budget, evaluating greedy
 accuracy every ``eval_every`` steps and at the end; each run keeps its final eval's correctness
 per prompt, every eval's, and its per-step trace (tokens sampled, mean reward).
@@ -42,8 +46,8 @@ import torch
 from pydantic import Field
 
 from rollwise.bench.harness import (NOISE_FLOOR, NOISE_SEED_OFFSET, TaskBenchConfig, departs_at, load_settings,
-                                    paired, rl_sets, seed_sets, session, task_sets, task_warm_start, threads_set,
-                                    tokens_ratios, train_run, write_json)
+                                    paired, rl_sets, run_sets, seed_sets, session, task_sets, task_warm_start,
+                                    threads_set, tokens_ratios, train_run, write_json)
 from rollwise.bench.ledger import write_ledger
 from rollwise.bench.stats import identical_groups, seed_test, verdict
 from rollwise.config import ConfigError
@@ -109,18 +113,35 @@ class AblateBenchConfig(TaskBenchConfig):
     countdown_tokens: int = Field(160_000, ge=1, description="countdown: generated-token budget of every run "
                                   "(~120 baseline steps)")
     eval_every: int = Field(5, ge=1, description="evaluate every N steps (and at the end)")
+    recipe: str | None = Field(None, description="a run config (YAML) to measure the arms on instead of `tasks`: its "
+                               "model from its own weights (no SFT warm start), task and settings (`preset`, "
+                               "`sft_steps`, `num_generations`, `prompts_per_step`, `lr` unused)")
+    recipe_tokens: int = Field(10_000, ge=1, description="with `recipe`: generated-token budget of every run")
+
+    def budget(self, task: str) -> int:
+        return self.recipe_tokens if self.recipe else super().budget(task)
+
+    def task_names(self) -> list[str]:
+        """The ledger's tasks: ``tasks``, or the recipe's file name."""
+        return [Path(self.recipe).stem] if self.recipe else list(self.tasks)
 
 
 def load_ablate_config(overrides: list[str]) -> AblateBenchConfig:
     cfg = load_settings(AblateBenchConfig, overrides)
     for arm in cfg.arms or []:
         body, _, regime = arm.partition("@")
-        stage, _, name = body.partition(":")
-        if (stage not in STAGE_KEYS or not name) and body != BASELINE:
-            raise ConfigError(f"arms: {arm!r} is not stage:id; stages are {', '.join(STAGE_KEYS)} "
-                              "(e.g. objective:dapo, control:vade, objective:cispo@epochs2)")
+        for part in body.split("+"):
+            stage, _, name = part.partition(":")
+            if (stage not in (*STAGE_KEYS, "regime") or not name) and body != BASELINE:
+                raise ConfigError(f"arms: {arm!r} is not stage:id; stages are {', '.join(STAGE_KEYS)}, regime "
+                                  "(e.g. objective:dapo, control:vade, objective:cispo@epochs2, regime:async1, "
+                                  "objective:dapo+control:vade)")
+            if stage == "regime" and name not in REGIMES:
+                raise ConfigError(f"arms: {arm!r}: unknown regime {name!r}; regimes are {', '.join(REGIMES)}")
         if "@" in arm and regime not in REGIMES:
             raise ConfigError(f"arms: {arm!r}: unknown regime {regime!r}; regimes are {', '.join(REGIMES)}")
+    if cfg.recipe is not None and not Path(cfg.recipe).is_file():
+        raise ConfigError(f"recipe: no file {cfg.recipe!r}; give a run config's path (e.g. recipes/smollm2_add.yaml)")
     return cfg
 
 
@@ -139,13 +160,15 @@ def baseline_of(arm: str) -> str:
 def arm_lines(arm: str) -> list[str]:
     """The config lines an arm changes from the baseline (the noise floor's is its sampling seed)."""
     body, regime = split_arm(arm)
-    stage, _, name = body.partition(":")
     if body == BASELINE:
         lines = []
     elif body == NOISE_FLOOR:
         lines = [f"sampling_seed=seed+{NOISE_SEED_OFFSET}"]  # seed_sets gives the number
     else:
-        lines = [f"{STAGE_KEYS[stage]}={name}", *ARM_EXTRAS.get(body, [])]
+        lines = []
+        for part in body.split("+"):
+            stage, _, name = part.partition(":")
+            lines += REGIMES[name] if stage == "regime" else [f"{STAGE_KEYS[stage]}={name}", *ARM_EXTRAS.get(part, [])]
     return lines + (REGIMES[regime] if regime else [])
 
 
@@ -163,7 +186,7 @@ def all_arms(cfg: AblateBenchConfig) -> list[str]:
 
 def run_ablate_bench(overrides: list[str], console, json_path: Path | None = None) -> dict:
     cfg = load_ablate_config(overrides)
-    arms, out = all_arms(cfg), Path(cfg.out)
+    arms, out, tasks = all_arms(cfg), Path(cfg.out), cfg.task_names()
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
     finished = read_jsonl(results_path)  # a line cut by a kill is dropped
@@ -171,9 +194,9 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
         results_path.write_text("".join(json.dumps(r) + "\n" for r in finished))
     done = {(r["task"], r["arm"], r["seed"]): r for r in finished}
     with session(cfg.threads):
-        for task in cfg.tasks:
+        for task in tasks:
             warm = out / f"warm_{task}" / "init_model"
-            if not (warm / "config.json").exists():  # a resumed ablation keeps its warm start
+            if cfg.recipe is None and not (warm / "config.json").exists():  # a resumed ablation keeps its warm start
                 warm = task_warm_start(cfg, task, out, console)
             for seed in cfg.seeds:
                 for arm in (a for a in arms if (task, a, seed) not in done):
@@ -182,7 +205,7 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
                         f.write(json.dumps(record) + "\n")
     ledger = {"settings": cfg.model_dump(), "command": "rollwise bench ablate " + " ".join(
         f"--set {o}" for o in overrides), "tasks": {}}
-    for task in cfg.tasks:
+    for task in tasks:
         runs = [r for (t, _, s), r in done.items() if t == task and s in cfg.seeds]
         ledger["tasks"][task] = summarize(runs, arms)
     markdown = write_ledger(ledger, out)
@@ -195,14 +218,17 @@ def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out
     """One arm on one seed to the task's token budget (a refused config: recorded as refused)."""
     record = {"task": task, "arm": arm, "seed": seed, "lines": arm_lines(arm)}
     lines = [x for x in arm_lines(arm) if not x.startswith("sampling_seed=")]
-    if split_arm(arm)[1] == "async1":
+    if "train.mode=async" in lines:
         lines += [f"train.generation_threads={torch.get_num_threads()}",
                   f"train.update_threads={torch.get_num_threads()}"]
-    name = f"{task}_{arm.replace(':', '_').replace('@', '_')}_{seed}"
-    sets = [*rl_sets(cfg, out / "runs", name, seed, warm, cfg.eval_every), threads_set(), *task_sets(cfg, task),
-            *lines, *seed_sets(split_arm(arm)[0], seed)]
+    name = f"{task}_{arm.replace(':', '_').replace('@', '_').replace('+', '_')}_{seed}"
+    if cfg.recipe is None:
+        common = [*rl_sets(cfg, out / "runs", name, seed, warm, cfg.eval_every), *task_sets(cfg, task)]
+    else:  # the recipe's model, task and settings
+        common = run_sets(out / "runs", name, seed, cfg.eval_every)
+    sets = [*common, threads_set(), *lines, *seed_sets(split_arm(arm)[0], seed)]
     try:
-        run = train_run(sets, console, f"{task}: {arm}, seed {seed}", tokens=cfg.budget(task))
+        run = train_run(sets, console, f"{task}: {arm}, seed {seed}", tokens=cfg.budget(task), recipe=cfg.recipe)
     except ConfigError as e:
         return record | {"refused": str(e)}
     return record | run.record(seed) | {

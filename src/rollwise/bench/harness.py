@@ -165,9 +165,15 @@ def rl_sets(cfg: GrpoBenchConfig, out: Path, name: str, seed: int, warm: Path, e
     """The lines every learning bench's RL run shares: from the warm start, ``cfg``'s groups
     (``num_generations``, ``prompts_per_step``) and ``lr``, evaluated every ``eval_every`` steps,
     no checkpoints, no logged samples (a token budget, not ``steps``, usually stops it)."""
-    return [f"output_dir={out}", f"name={name}", f"seed={seed}", f"model.path={warm}", "sft.steps=0",
+    return [*run_sets(out, name, seed, eval_every, steps), f"model.path={warm}", "sft.steps=0",
             f"rollout.num_generations={cfg.num_generations}", f"rollout.prompts_per_step={cfg.prompts_per_step}",
-            f"optim.lr={cfg.lr}", "optim.micro_batch_size=128", f"train.steps={steps}",
+            f"optim.lr={cfg.lr}", "optim.micro_batch_size=128"]
+
+
+def run_sets(out: Path, name: str, seed: int, eval_every: int, steps: int = 100_000) -> list[str]:
+    """The lines of any recorded bench run: where it writes, its seed, evaluated every ``eval_every``
+    steps, no checkpoints, no logged samples (a token budget, not ``steps``, usually stops it)."""
+    return [f"output_dir={out}", f"name={name}", f"seed={seed}", f"train.steps={steps}",
             f"train.eval_every={eval_every}", "train.eval_samples=0", "train.log_samples=0",
             "train.checkpoint_every=0"]
 

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all smollm2-seeds tiny-tools tiny-harness clean
+.PHONY: install demo test test-all smollm2-seeds smollm2-ledger tiny-tools tiny-harness clean
 
 $(STAMP): pyproject.toml
 	# the code sandbox needs bubblewrap (apt); skipped when already installed
@@ -42,6 +42,14 @@ smollm2-seeds: $(STAMP)
 		--set model.threads=1 > runs/$(RECIPE)-s$$s.log 2>&1 & done; wait
 	$(BIN)/python scripts/seeds_table.py runs/$(RECIPE)-s0 runs/$(RECIPE)-s1 runs/$(RECIPE)-s2 \
 		--json docs/data/$(RECIPE).json
+
+# issue 22: the short ablation ledger on SmolLM2-135M-Instruct (recipes/smollm2_add.yaml from its pretrained
+# weights): grpo, dapo (+ dynamic sampling), tree, xrpo_alloc, rollout_replay, async k=1 and the noise floor,
+# seeds 0-2, 8,000 generated tokens per run, one torch thread (~5 min a run: ~1 h 45); resumes when killed
+smollm2-ledger: $(STAMP)
+	$(BIN)/rollwise bench ablate --set recipe=recipes/smollm2_add.yaml --set recipe_tokens=8000 --set eval_every=100 \
+		--set 'seeds=[0,1,2]' --set out=runs/ablate-smollm2 --json docs/data/ledger-smollm2.json \
+		--set 'arms=[objective:dapo,strategy:tree,control:xrpo_alloc,replay:rollout_replay,regime:async1]'
 
 # issue 24: the tiny model with a calculator vs without, 3 seeds, the same generated-token budget; each seed's
 # two arms side by side (one torch thread each), then the table README.md quotes (docs/data/tiny_calculator.json)

@@ -234,6 +234,7 @@ def test_bench_ablate_on_a_recipe(tmp_path):
                                       "--set", "recipe_tokens=100", "--set", "seeds=[3]", "--set", "noise_floor=false",
                                       "--set", "eval_every=50", "--set", "arms=[regime:epochs2]"])
     assert result.exit_code == 0, result.output
+    assert "--set arms=[regime:epochs2]" in result.output  # the printed command keeps its brackets
     records = {r["arm"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
     assert set(records) == {BASELINE, "regime:epochs2"} and {r["task"] for r in records.values()} == {"tiny_add"}
     assert all(r["generated_tokens"] >= 100 and r["seed"] == 3 for r in records.values())

@@ -210,7 +210,7 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
         ledger["tasks"][task] = summarize(runs, arms)
     markdown = write_ledger(ledger, out)
     write_json(json_path, ledger)
-    console.print(markdown, highlight=False, soft_wrap=True)
+    console.print(markdown, highlight=False, soft_wrap=True, markup=False)  # arms=[...] is not a rich tag
     return ledger
 
 

@@ -243,4 +243,5 @@ def test_bench_ablate_on_a_recipe(tmp_path):
         config = (out / "runs" / f"tiny_add_{arm.replace(':', '_')}_3" / "config.yaml").read_text()
         assert "num_generations: 3" in config and "prompts_per_step: 2" in config and "max_digits: 1" in config
         assert f"num_iterations: {iterations}" in config and "\nseed: 3\n" in config
+        assert not (out / "runs" / f"tiny_add_{arm.replace(':', '_')}_3" / "checkpoints").exists()  # no weights kept
     assert list(json.loads((out / "ledger.json").read_text())["tasks"]) == ["tiny_add"]

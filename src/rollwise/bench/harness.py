@@ -21,6 +21,7 @@ Nothing here knows an arm: the benches say what their arms are.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -247,6 +248,8 @@ def train_run(sets: list[str], console, label: str, tokens: int | None = None, k
 
         limits = RunLimits(generated_tokens=tokens) if tokens else None
         summary = trainer.fit(limits, on_step=on_step, on_eval=on_eval)
+    # a bench keeps its records, not weights: fit's final checkpoint (1.6 GB for SmolLM2-135M) goes
+    shutil.rmtree(trainer.run_dir / "checkpoints", ignore_errors=True)
     return Run(summary, evals, trace, steps, time.perf_counter() - start)
 
 

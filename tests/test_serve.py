@@ -291,6 +291,134 @@ def test_the_episode_header_tags_the_plain_route(served):
     assert call.choices[0].prompt_ids == prompt_ids(served.tok, "Hi")
 
 
+
+# -- a training run's episodes: its seeds, its call indices ------------------------------------------
+def test_a_run_episode_ignores_the_request_seed(served):
+    """An episode the run opened samples call k with its own key whatever ``seed`` the harness sends
+    (a harness passing seed=1234 must not give every episode of a group the same tokens); a tag
+    the server opened itself (standalone serving) honours the request's seed."""
+    s = served
+    kw = dict(model=MODEL, messages=HI, max_tokens=16)
+    texts = {}
+    for tag, key, seed in [("run-a", (5, 0, 0), 1234), ("run-b", (5, 0, 1), 1234), ("run-a2", (5, 0, 0), None)]:
+        s.service.open(tag, key)
+        ep = openai.OpenAI(base_url=s.server.episode_url(tag), api_key="unused", max_retries=0)
+        texts[tag] = ep.chat.completions.create(**kw, **({} if seed is None else {"seed": seed})).choices[0]
+        ep.close()
+        s.service.close(tag)
+    assert texts["run-a"].message.content == texts["run-a2"].message.content  # the key decides, not seed=1234
+    assert texts["run-a"].message.content != texts["run-b"].message.content  # the group's episodes differ
+    standalone = [s.client.chat.completions.create(**kw, seed=1234, extra_headers={"X-Rollwise-Episode": tag})
+                  .choices[0].message.content for tag in ("own-a", "own-b")]
+    assert standalone[0] == standalone[1]  # a server-opened tag: seed=1234 is honoured
+
+
+def test_concurrent_calls_on_one_episode_take_distinct_call_indices(served):
+    """4 identical requests in flight at once on one episode sample as its calls 0..3 would one after
+    another (each call's index is taken when it starts), and are recorded in that order."""
+    s = served
+    kw = dict(model=MODEL, messages=HI, max_tokens=16, logprobs=True)
+    s.service.open("seq", (9, 1, 0))
+    ep = openai.OpenAI(base_url=s.server.episode_url("seq"), api_key="unused", max_retries=0)
+    one_by_one = [sampled_ids(s.tok, ep.chat.completions.create(**kw).choices[0]) for _ in range(4)]
+    ep.close()
+    assert len({tuple(ids) for ids in one_by_one}) == 4
+
+    async def together():
+        async with openai.AsyncOpenAI(base_url=s.server.episode_url("gather"), api_key="unused",
+                                      max_retries=0) as client:
+            return await asyncio.gather(*(client.chat.completions.create(**kw) for _ in range(4)))
+
+    s.service.open("gather", (9, 1, 0))
+    s.engine.release.clear()
+    s.engine.stall_at = s.engine.stats.steps  # hold the engine so all 4 are in flight before any finishes
+    try:
+        work = threading.Thread(target=lambda: box.append(asyncio.run(together())), daemon=True)
+        box: list = []
+        work.start()
+        wait_for(lambda: len(s.service.episodes["gather"].jobs) == 4, "4 calls in flight")
+    finally:
+        s.engine.stall_at = None
+        s.engine.release.set()
+    work.join(timeout=60)
+    assert box, "the concurrent calls did not finish"
+    together_ids = [sampled_ids(s.tok, r.choices[0]) for r in box[0]]
+    assert sorted(together_ids) == sorted(one_by_one)  # 4 distinct samples: calls 0..3, not call 0 four times
+    assert [c.choices[0].ids for c in s.service.close("gather").calls] == one_by_one  # recorded by index
+    s.service.close("seq")
+
+
+# -- a training run's episode budget: tokens across segments and choices, n and segments capped ----
+@contextlib.contextmanager
+def run_limits(service, **limits):
+    kept = {k: getattr(service, k) for k in limits}
+    for k, v in limits.items():
+        setattr(service, k, v)
+    try:
+        yield
+    finally:
+        for k, v in kept.items():
+            setattr(service, k, v)
+
+
+def test_the_episode_budget_counts_every_segment_and_choice(scripted):
+    """``episode_budget`` bounds the tokens an episode samples in all: a rewritten history or a
+    second choice does not get the budget again."""
+    s = scripted
+    s.engine.text = "abcd"  # 4 ids + EOS per choice
+    tag = "budget"
+    s.service.open(tag, (1, 2, 3))
+    ep = openai.OpenAI(base_url=s.server.episode_url(tag), api_key="unused", max_retries=0)
+    with run_limits(s.service, episode_budget=13):
+        r1 = ep.chat.completions.create(model=MODEL, messages=HI)  # 5 sampled
+        rewritten = [{"role": "user", "content": "Hello"}]  # a fresh segment: 5 more
+        r2 = ep.chat.completions.create(model=MODEL, messages=rewritten)
+        assert r1.usage.completion_tokens == r2.usage.completion_tokens == 5
+        r3 = ep.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Again"}])
+        assert r3.usage.completion_tokens == 3 and r3.choices[0].finish_reason == "length"  # what is left
+        with pytest.raises(openai.BadRequestError) as err:
+            ep.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Yet again"}])
+        assert err.value.code == "episode_budget_exhausted" and "13" in err.value.message
+    s.service.close(tag)
+
+    s.service.open(tag, (1, 2, 3))
+    with run_limits(s.service, episode_budget=12):
+        r = ep.chat.completions.create(model=MODEL, messages=HI, n=2)  # 2 choices share what is left: 6 each
+        assert r.usage.completion_tokens == 10
+        with pytest.raises(openai.BadRequestError) as err:
+            ep.chat.completions.create(model=MODEL, messages=HI, n=3)  # 2 left: not one token for each choice
+        assert err.value.code == "episode_budget_exhausted"
+    s.service.close(tag)
+    ep.close()
+
+
+def test_a_run_caps_n_and_segments(scripted):
+    s = scripted
+    s.engine.text = "ab"
+    tag = "caps"
+    s.service.open(tag, (4, 5, 6))
+    ep = openai.OpenAI(base_url=s.server.episode_url(tag), api_key="unused", max_retries=0)
+    with run_limits(s.service, max_n=2, max_segments=3):
+        with pytest.raises(openai.BadRequestError) as err:
+            ep.chat.completions.create(model=MODEL, messages=HI, n=3)
+        assert err.value.param == "n" and "2" in err.value.message
+        ep.chat.completions.create(model=MODEL, messages=HI, n=2)  # 2 segments
+        r = ep.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])  # the 3rd
+        # continuing a returned choice extends its segment: allowed past the cap
+        ep.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}, {
+            "role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "y"}])
+        with pytest.raises(openai.BadRequestError) as err:  # a 4th segment
+            ep.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "z"}])
+        assert err.value.code == "episode_budget_exhausted" and "segments" in err.value.message
+        assert len(s.service.episodes[tag].calls) == 3
+    # a standalone tag is not capped (the defaults are None)
+    for _ in range(4):
+        s.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "z"}], n=3,
+                                         extra_headers={"X-Rollwise-Episode": "uncapped"})
+    s.service.close(tag)
+    s.service.close("uncapped")
+    ep.close()
+
 # -- errors: OpenAI's shape, and the server keeps serving --------------------------------------------
 def still_serves(served) -> None:
     r = served.client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2)

@@ -14,10 +14,12 @@ finished sequence's keys/values (``SlotEngine``, ``SamplingParams.keep_cache``) 
 ids are prefilled. A request that rewrites history is rendered afresh (a new segment of the
 trajectory). ``close(tag)`` hands the record over and forgets it.
 
-Seeds: a request's ``seed``, else the episode's key and the call's index (a training run opens
-episode (step seed, prompt slot, sample) whose call k samples as an in-process episode's turn k),
-else the service's seed and a counter — so a training run's harness calls sample the same
-tokens every run.
+Seeds: an episode a training run opened (``open(tag, key)``: step seed, prompt slot, sample)
+samples its call k with ``derive(*key, k)`` — an in-process episode's turn k — whatever ``seed``
+the request names, so a run's harness calls sample the same tokens every run and the episodes of
+a group differ. Elsewhere a request's ``seed``, else the tag's key and the call's index, else
+the service's seed and a counter. A call's index is taken when it starts (concurrent calls on one
+tag never share one). Budgets and memory caps: ``serve/episodes.py`` and ``ChatService``.
 """
 
 from __future__ import annotations
@@ -35,45 +37,46 @@ from rollwise.engine.state import continuation
 from rollwise.generate.conversation import ChatRenderer
 from rollwise.seeds import derive
 from rollwise.serve.driver import EngineDriver, Job
+from rollwise.serve.episodes import Call, Choice, EpisodeLog, Ticket, drop_kv, kv_bytes
 from rollwise.serve.schema import (ApiError, ChatRequest, Message, completion_id, envelope, token_logprobs)
 
+__all__ = ["ChatService", "Call", "Choice", "EpisodeLog"]
+
 TAGGED, UNTAGGED = 1, 2  # seed-derivation keys of a server's own tags and of untagged requests (ints: derive hashes)
+MB = 1 << 20
 
 
 @dataclass
-class Choice:
-    """One sampled assistant turn of a recorded call."""
+class Work:
+    """One accepted request: its engine job and what it will record."""
 
-    prompt_ids: list[int]  # this call's whole prompt
-    ids: list[int]  # the ids it sampled
-    logprobs: list[float]
-    versions: list[int]
-    finish_reason: str
-    key: tuple = ()  # the assistant message returned (Message.key)
-    ended: bool = False  # ended with an end-of-turn id: the conversation can go on after it token-faithfully
-    start: int = 0  # length of the first prompt of the chain this call continues (the episode's budget counts from it)
-    completion: Completion | None = field(default=None, repr=False)  # kept for the continuation's cache
-
-
-@dataclass
-class Call:
-    keys: list[tuple]  # the request's messages (Message.key)
-    choices: list[Choice]
-    messages: list[dict] = field(default_factory=list)  # the request's messages (as the chat template reads them)
-
-
-@dataclass
-class EpisodeLog:
-    key: tuple[int, ...]  # call k's choice 0 samples with seed derive(*key, k) (an in-process episode's turn k's)
-    calls: list[Call] = field(default_factory=list)
-    jobs: list[Job] = field(default_factory=list)
+    job: Job
+    log: EpisodeLog | None
+    prompt: list[int]
+    start: int  # length of the first prompt of the chain it continues
+    base: Choice | None  # the recorded choice it continues
+    ticket: Ticket | None  # what it reserved of its episode's budgets
+    inserted: int = 0  # ids between the continued choice and this prompt's end (tool results, user turns)
 
 
 class ChatService:
+    """Requests in, OpenAI answers out; records tagged calls (module docstring).
+
+    Caps (``None`` = none): ``max_len`` bounds prompt + max_tokens (``--max-model-len``: the slot
+    engine's cache grows to the longest request and stays); ``kv_cache_mb`` and ``max_cached`` the
+    kept episode caches; ``max_calls`` and ``max_tag_tokens`` (ids recorded: prompts and completions)
+    each tag; ``max_recorded_tokens`` all tags a server opened itself (least recently used forgotten
+    first); a training run's ``episode_budget`` (tokens sampled + inserted per episode),
+    ``max_segments`` and ``max_n``. ``open_tags_only``: only tags ``open`` made are served (a
+    training run's endpoint: nobody else's calls are recorded and trained).
+    """
+
     def __init__(self, driver: EngineDriver, tokenizer, fmt, *, model_name: str, max_len: int, seed: int = 0,
                  default_max_tokens: int = 512, max_episodes: int = 4096, max_cached: int = 256,
-                 sampling: SamplingParams | None = None,
-                 episode_budget: int | None = None):
+                 sampling: SamplingParams | None = None, episode_budget: int | None = None,
+                 kv_cache_mb: float = 1024.0, max_calls: int | None = 1024, max_tag_tokens: int | None = 1 << 20,
+                 max_recorded_tokens: int = 1 << 23, max_n: int | None = None, max_segments: int | None = None,
+                 open_tags_only: bool = False):
         self.driver, self.tokenizer, self.fmt = driver, tokenizer, fmt
         self.renderer = ChatRenderer(tokenizer, fmt)
         self.model_name, self.max_len, self.seed = model_name, max_len, seed
@@ -81,10 +84,13 @@ class ChatService:
         self.max_episodes = max_episodes  # tags a standalone server keeps (oldest forgotten first)
         # episodes whose last call keeps its KV cache to continue from (least recently used dropped first:
         # a dropped one is prefilled whole on its next call); a SmolLM2 episode of 500 tokens holds ~23 MB
-        self.max_cached = max_cached
+        self.max_cached, self.kv_cache_mb = max_cached, kv_cache_mb
+        self.max_calls, self.max_tag_tokens, self.max_recorded_tokens = max_calls, max_tag_tokens, max_recorded_tokens
         # a training run's settings: temperature, top-p and top-k are the run's whatever a request asks (the
-        # update recomputes log-probs under them), and an episode's tokens past its first prompt are capped
+        # update recomputes log-probs under them); an episode's sampled and inserted tokens, its segments and
+        # a call's choices are capped
         self.sampling, self.episode_budget = sampling, episode_budget
+        self.max_n, self.max_segments, self.open_tags_only = max_n, max_segments, open_tags_only
         self.episodes: OrderedDict[str, EpisodeLog] = OrderedDict()
         self.stop_ids = tuple(t for t in {tokenizer.eos_token_id} if t is not None)
         self._counter = 0
@@ -95,41 +101,46 @@ class ChatService:
 
     # -- episodes ---------------------------------------------------------------------------------
     def open(self, tag: str, key: tuple[int, ...]) -> None:
-        self.episodes[tag] = EpisodeLog(tuple(key))
+        """Open a training run's episode: call k samples with ``derive(*key, k)`` whatever seed it asks."""
+        self.episodes[tag] = EpisodeLog(tuple(key), run=True)
 
     def close(self, tag: str) -> EpisodeLog | None:
         """Forget an episode (its unfinished requests are aborted); return its record."""
-        self.cancel(tag)
+        self.cancel(tag, "the episode was closed")
         return self.episodes.pop(tag, None)
 
-    def cancel(self, tag: str) -> None:
+    def cancel(self, tag: str, why: str = "the episode's requests were cancelled") -> None:
         """Abort an episode's unfinished requests (at the engine's next step); keep its record."""
         log = self.episodes.get(tag)
         for job in list(log.jobs) if log else []:
-            job.cancel()
+            job.cancel(why)
 
     def _log(self, tag: str | None) -> EpisodeLog | None:
         if tag is None:
             return None
         if tag not in self.episodes:
-            self.open(tag, (self.seed, TAGGED, zlib.crc32(tag.encode())))
-            while len(self.episodes) > self.max_episodes:
-                self.episodes.popitem(last=False)
+            if self.open_tags_only:
+                raise ApiError(404, f"episode '{tag}' is not open: this endpoint serves a training run and records "
+                               "only the episodes the run opened (use the base URL the run gave you)", "tag",
+                               "episode_not_found")
+            self.episodes[tag] = EpisodeLog((self.seed, TAGGED, zlib.crc32(tag.encode())))
+            self._forget_oldest(lambda: len(self.episodes) > self.max_episodes, keep=tag)
         self.episodes.move_to_end(tag)  # most recently used last
         return self.episodes[tag]
 
+    def _forget_oldest(self, too_many, keep: str) -> None:
+        """Forget tags this server opened itself, least recently used first, while ``too_many()``
+        (a training run's episodes are closed by the run, never here)."""
+        for tag in [t for t, lg in self.episodes.items() if not lg.run and t != keep]:
+            if not too_many():
+                return
+            self.close(tag)
+
     # -- one request -------------------------------------------------------------------------------
-    def prepare(self, req: ChatRequest, tag: str | None) -> tuple[Job, EpisodeLog | None, list[int], list]:
-        """Check the request, render it, build the engine work; errors are ``ApiError``s."""
-        if req.model != self.model_name:
-            raise ApiError(404, f"The model '{req.model}' does not exist; this server serves "
-                           f"'{self.model_name}' (GET /v1/models).", "model", "model_not_found")
-        if req.messages[-1].role == "assistant":
-            raise ApiError(400, "messages: the last message is the assistant's; continuing an assistant message "
-                           "is not supported — end with a user or tool message", "messages")
-        if req.top_logprobs:
-            raise ApiError(400, "top_logprobs > 0 is not supported (logprobs=true gives each sampled token's)",
-                           "top_logprobs")
+    def prepare(self, req: ChatRequest, tag: str | None) -> Work:
+        """Check the request, render it, reserve its episode's budgets, build the engine work; errors
+        are ``ApiError``s."""
+        self._check(req)
         log = self._log(tag)
         chained = self._chain(log, req.messages) if log else None
         try:
@@ -141,25 +152,61 @@ class ChatService:
         except (ValueError, TypeError, KeyError) as err:  # a template that refuses these messages
             raise ApiError(400, f"messages: cannot render them with this model's chat template: {err}",
                            "messages") from None
+        base = chained[0] if chained else None
+        inserted = len(prompt) - len(base.prompt_ids) - len(base.ids) if base else 0
         room = self.max_len - len(prompt)
         limit = req.limit or min(self.default_max_tokens, room)
-        base = chained[0] if chained else None
-        start = base.start if base else len(prompt)
-        if self.episode_budget is not None and log is not None:
-            left = self.episode_budget - (len(prompt) - start)
-            if left < 1:
-                raise ApiError(400, f"this episode has used its token budget ({self.episode_budget} tokens after its "
-                               "first prompt, sampled and inserted; rollout.max_new_tokens)", "max_tokens",
-                               "episode_budget_exhausted")
-            limit = min(req.limit or left, left)
+        # every choice of a fresh render starts a chain (a segment); a continuation's first extends its chain
+        segments = req.n - (base is not None)
+        if log is not None:
+            limit = self._allowance(req, log, len(prompt), limit, inserted, segments)
         if limit > room or room < 1:
             raise ApiError(400, f"This model's maximum context length is {self.max_len} tokens. However, you "
                            f"requested {len(prompt) + max(limit, 1)} tokens ({len(prompt)} in the messages, "
                            f"{max(limit, 1)} in the completion). Please reduce the length of the messages or the "
                            "completion (max_tokens).", "max_tokens", "context_length_exceeded")
-        return self._job(req, log, prompt, limit, base), log, (prompt, start), base
+        ticket = None
+        if log is not None:
+            ticket = Ticket(log.started, inserted + req.n * limit, segments, req.n * (len(prompt) + limit))
+            log.started += 1
+            log.reserve(ticket)
+        job = self._job(req, log, ticket, prompt, limit, base)
+        return Work(job, log, prompt, base.start if base else len(prompt), base, ticket, inserted)
 
-    def _job(self, req: ChatRequest, log: EpisodeLog | None, prompt: list[int], limit: int,
+    def _check(self, req: ChatRequest) -> None:
+        if req.model != self.model_name:
+            raise ApiError(404, f"The model '{req.model}' does not exist; this server serves "
+                           f"'{self.model_name}' (GET /v1/models).", "model", "model_not_found")
+        if req.messages[-1].role == "assistant":
+            raise ApiError(400, "messages: the last message is the assistant's; continuing an assistant message "
+                           "is not supported — end with a user or tool message", "messages")
+        if req.top_logprobs:
+            raise ApiError(400, "top_logprobs > 0 is not supported (logprobs=true gives each sampled token's)",
+                           "top_logprobs")
+        if self.max_n is not None and req.n > self.max_n:
+            raise ApiError(400, f"n: at most {self.max_n} choices per call here (asked {req.n})", "n")
+
+    def _allowance(self, req: ChatRequest, log: EpisodeLog, prompt_len: int, limit: int, inserted: int,
+                   segments: int) -> int:
+        """The call's max_tokens within its episode's caps (what calls in flight reserved counts);
+        past one, ``episode_budget_exhausted`` (a harness's episode ends there)."""
+        if self.max_calls is not None and log.started >= self.max_calls:
+            raise _exhausted(f"this episode has made its {self.max_calls} calls")
+        if self.max_segments is not None and log.segments + segments > self.max_segments:
+            raise _exhausted(f"this episode has started {log.segments} of its {self.max_segments} segments (a call "
+                             f"that does not continue a returned choice, and each extra choice, starts one)")
+        if self.episode_budget is not None:
+            each = (self.episode_budget - log.tokens - inserted) // req.n
+            if each < 1:
+                raise _exhausted(f"this episode has used its token budget ({self.episode_budget} tokens sampled "
+                                 "and inserted, over all its calls and choices; rollout.max_new_tokens)")
+            limit = min(req.limit or each, each)
+        if self.max_tag_tokens is not None and log.recorded + req.n * (prompt_len + limit) > self.max_tag_tokens:
+            raise _exhausted(f"this episode would record more than {self.max_tag_tokens} ids (prompts and "
+                             "completions): end it (DELETE /episodes/{tag}) and start another")
+        return limit
+
+    def _job(self, req: ChatRequest, log: EpisodeLog | None, ticket: Ticket | None, prompt: list[int], limit: int,
              base: Choice | None) -> Job:
         params = SamplingParams(temperature=1.0 if req.temperature is None else req.temperature,
                                 top_p=req.top_p or 1.0, max_new_tokens=limit, stop_token_ids=self.stop_ids,
@@ -167,7 +214,7 @@ class ChatService:
         if self.sampling is not None:
             s = self.sampling
             params = replace(params, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
-        seeds = [self._seed(req, log, i) for i in range(req.n)]
+        seeds = [self._seed(req, log, ticket.index if ticket else 0, i) for i in range(req.n)]
         if base is not None and base.completion is not None and base.completion.kv is not None and req.n == 1:
             done, appended = base.completion, prompt[len(base.prompt_ids) + len(base.ids):]
             skip = len(done.token_ids) + len(appended)
@@ -177,11 +224,13 @@ class ChatService:
         return Job([Request(list(prompt), replace(params, seed=s)) for s in seeds], notify=None, stream=req.stream,
                    stops=tuple(req.stop))
 
-    def _seed(self, req: ChatRequest, log: EpisodeLog | None, choice: int) -> int:
+    def _seed(self, req: ChatRequest, log: EpisodeLog | None, index: int, choice: int) -> int:
+        # a training run's episode: its key and the call's index, whatever the request asks (a harness that
+        # passes seed=1234 would otherwise give every episode of a group the same tokens)
+        if log is not None and (log.run or req.seed is None):
+            return derive(*log.key, index, *([choice] if choice else []))
         if req.seed is not None:
             return derive(req.seed, choice)
-        if log is not None:
-            return derive(*log.key, len(log.calls), *([choice] if choice else []))
         self._counter += 1
         return derive(self.seed, UNTAGGED, self._counter, choice)
 
@@ -212,31 +261,33 @@ class ChatService:
 
     # -- answering ---------------------------------------------------------------------------------
     async def complete(self, req: ChatRequest, tag: str | None = None) -> dict | AsyncIterator[str]:
-        job, log, (prompt, start), base = self.prepare(req, tag)
+        work = self.prepare(req, tag)
+        job, log = work.job, work.log
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         job.notify = lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev)
         if log is not None:
             log.jobs.append(job)
         self.driver.submit(job)
         if req.stream:
-            return self._stream(req, job, log, (prompt, start), events)
+            return self._stream(req, work, events)
         done: dict[int, Completion] = {}
         try:
             while len(done) < req.n:
                 ev = await events.get()
                 if ev[0] == "error":
-                    raise ApiError(400, ev[1])
+                    raise _failed(ev)
                 if ev[0] == "done":
                     done[ev[1]] = ev[2]
-        except asyncio.CancelledError:
+        except BaseException:  # an engine error, a client gone (cancelled): nothing is recorded
             job.cancel()
+            self._release(work)
             raise
         finally:
             if log is not None and job in log.jobs:
                 log.jobs.remove(job)
-        choices = [self._choice(req, prompt, job.skip[i], done[i], start) for i in range(req.n)]
-        self._record(log, req, [c for c, _ in choices], base)
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": sum(len(c.ids) for c, _ in choices)}
+        choices = [self._choice(req, work.prompt, job.skip[i], done[i], work.start) for i in range(req.n)]
+        self._record(work, req, [c for c, _ in choices])
+        usage = {"prompt_tokens": len(work.prompt), "completion_tokens": sum(len(c.ids) for c, _ in choices)}
         return envelope("chat.completion", completion_id(), self.model_name, self.engine.version) | {
             "choices": [body | {"index": i} for i, (_, body) in enumerate(choices)],
             "usage": usage | {"total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}}
@@ -277,26 +328,41 @@ class ChatService:
     def _pieces(self, ids: list[int]) -> list[str]:
         return [self.tokenizer.decode([t]) for t in ids]
 
-    def _record(self, log: EpisodeLog | None, req: ChatRequest, choices: list[Choice], base: Choice | None) -> None:
+    def _release(self, work: Work) -> None:
+        if work.log is not None and work.ticket is not None:
+            work.log.release(work.ticket)
+
+    def _record(self, work: Work, req: ChatRequest, choices: list[Choice]) -> None:
+        log = work.log
         if log is None:
             return
-        if base is not None:
-            base.completion = None  # its cache now lives in the continuation
+        if work.base is not None:
+            work.base.completion = None  # its cache now lives in the continuation
         for call in log.calls:  # only the latest call's caches are worth keeping
-            for c in call.choices:
-                c.completion = None if c.completion is None else replace(c.completion, kv=None)
-        log.calls.append(Call([m.key() for m in req.messages], choices, [m.as_chat() for m in req.messages]))
-        cached = [lg for lg in self.episodes.values() if lg.calls and any(
-            c.completion is not None and c.completion.kv is not None for c in lg.calls[-1].choices)]
-        for old in cached[: max(0, len(cached) - self.max_cached)]:  # least recently used first
-            for c in old.calls[-1].choices:
-                c.completion = None if c.completion is None else replace(c.completion, kv=None)
+            drop_kv(call)
+        call = Call([m.key() for m in req.messages], choices, [m.as_chat() for m in req.messages], work.ticket.index)
+        log.add(call, work.ticket, work.inserted)
+        log.kv = kv_bytes(call)
+        self._bound_memory(keep=next((t for t, lg in reversed(self.episodes.items()) if lg is log), ""))
 
-    async def _stream(self, req: ChatRequest, job: Job, log: EpisodeLog | None, prompt_start: tuple[list[int], int],
-                      events: asyncio.Queue) -> AsyncIterator[str]:
+    def _bound_memory(self, keep: str) -> None:
+        """Kept caches within ``kv_cache_mb`` and ``max_cached`` episodes, recorded ids within
+        ``max_recorded_tokens`` (least recently used dropped first)."""
+        cached = [lg for lg in self.episodes.values() if lg.kv]
+        total = sum(lg.kv for lg in cached)
+        for n, old in enumerate(cached):
+            if total <= self.kv_cache_mb * MB and len(cached) - n <= self.max_cached:
+                break
+            for call in old.calls:
+                drop_kv(call)
+            total, old.kv = total - old.kv, 0
+        self._forget_oldest(lambda: sum(lg.recorded for lg in self.episodes.values() if not lg.run)
+                            > self.max_recorded_tokens, keep=keep)
+
+    async def _stream(self, req: ChatRequest, work: Work, events: asyncio.Queue) -> AsyncIterator[str]:
         """Server-sent events: a role chunk, content deltas as tokens are sampled (with tools: the
         message when the choice finishes), a finish chunk per choice, usage if asked, ``[DONE]``."""
-        (prompt, start), cid = prompt_start, completion_id()
+        job, log, prompt, cid = work.job, work.log, work.prompt, completion_id()
         head = envelope("chat.completion.chunk", cid, self.model_name, self.engine.version)
         texts, done, recorded = [""] * req.n, 0, []
         try:
@@ -307,7 +373,7 @@ class ChatService:
             while done < req.n:
                 ev = await events.get()
                 if ev[0] == "error":
-                    yield _sse(ApiError(400, ev[1]).body())
+                    yield _sse(_failed(ev).body())
                     return
                 i = ev[1]
                 if ev[0] == "delta":
@@ -324,7 +390,7 @@ class ChatService:
                         chunk["logprobs"] = token_logprobs(self._pieces(ev[2]), ev[3])
                     yield _sse(head | {"choices": [chunk]})
                 elif ev[0] == "done":
-                    choice, body = self._choice(req, prompt, job.skip[i], ev[2], start)
+                    choice, body = self._choice(req, prompt, job.skip[i], ev[2], work.start)
                     recorded.append((i, choice))
                     rest = body["message"].get("content") or ""
                     delta = {"content": rest[len(texts[i]):]} if rest[len(texts[i]):] else {}
@@ -332,15 +398,16 @@ class ChatService:
                         delta["tool_calls"] = [c | {"index": k} for k, c in enumerate(body["message"]["tool_calls"])]
                     yield _sse(head | {"choices": [{"index": i, "delta": delta, "finish_reason": body["finish_reason"]}]})
                     done += 1
-            self._record(log, req, [c for _, c in sorted(recorded, key=lambda x: x[0])], None)
+            self._record(work, req, [c for _, c in sorted(recorded, key=lambda x: x[0])])
             if req.stream_options and req.stream_options.include_usage:
                 n_out = sum(len(c.ids) for _, c in recorded)
                 yield _sse(head | {"choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": n_out,
                                                             "total_tokens": len(prompt) + n_out}})
             yield "data: [DONE]\n\n"
         finally:
-            if done < req.n:
+            if done < req.n:  # a client gone, an engine error: nothing is recorded
                 job.cancel()
+                self._release(work)
             if log is not None and job in log.jobs:
                 log.jobs.remove(job)
 
@@ -352,6 +419,16 @@ def _stop_start(text: str, stops: list[str]) -> int:
     (3, 0)
     """
     return max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+
+
+def _exhausted(why: str) -> ApiError:
+    return ApiError(400, why, "max_tokens", "episode_budget_exhausted")
+
+
+def _failed(event: tuple) -> ApiError:
+    """A driver's ``("error", message[, status])`` event as the request's error."""
+    status = event[2] if len(event) > 2 else 400
+    return ApiError(status, event[1], kind="server_error" if status >= 500 else "invalid_request_error")
 
 
 def _sse(obj: dict) -> str:

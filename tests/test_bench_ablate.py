@@ -75,6 +75,49 @@ def test_summary_by_hand():
     assert table[BASELINE]["verdict"] == "baseline"
 
 
+# Per-seed differences (prompts of 100 against the baseline's 50) and what scipy 1.17 gives for them:
+# stats.ttest_1samp(d / 100, 0) -> .pvalue, .confidence_interval(); the floor row's se is the prompts'
+# alone, sqrt(5 * (9/99) / 100) / 5 = 0.013484, with t = stats.t.ppf(0.975, 4) = 2.776445. Written as
+# numbers, so a wrong rule (ddof 0, a normal 1.96 in place of t, a missing floor, swapped labels) fails.
+HAND_VERDICTS = {
+    "better": ([10, 20, 10, 30, 10], 0.16, [0.0489422, 0.2710578], 0.0161301, "better"),
+    "worse": ([-10, -20, -10, -30, -10], -0.16, [-0.2710578, -0.0489422], 0.0161301, "worse"),
+    # t = 2.236 on 4 degrees of freedom: a normal 1.96 would call it better ([+0.012, +0.188])
+    "t_not_z": ([20, 0, 20, 10, 0], 0.1, [-0.0241664, 0.2241664], 0.0890093, NO_DIFFERENCE),
+    # two seeds: t(0.975, 1) = 12.706, the whole interval is wide
+    "two_seeds": ([20, 10], 0.15, [-0.4853102, 0.7853102], 0.2048328, NO_DIFFERENCE),
+    # the same +10 on every seed: the sample se is 0, the prompts' se is the floor
+    "floor": ([10, 10, 10, 10, 10], 0.1, [0.0625624, 0.1374376], 0.0017642, "better"),
+}
+
+
+@pytest.mark.parametrize("case", list(HAND_VERDICTS))
+def test_verdicts_against_numbers_worked_out_with_scipy(case):
+    ks, difference, ci95, p, expected = HAND_VERDICTS[case]
+    arm = "objective:dapo"
+    runs = [run(BASELINE, s) for s in range(5)]
+    runs += [run(arm, s, plus(k), trace=[[100.0, 0.5], [90.0, 0.6]]) for s, k in enumerate(ks)]
+    row = summarize(runs, [BASELINE, arm])[arm]
+    assert (row["seeds"], row["pairs"]) == (len(ks), 100 * len(ks))
+    assert row["seed_differences"] == pytest.approx([k / 100 for k in ks])
+    assert row["difference"] == pytest.approx(difference)
+    assert row["ci95"] == pytest.approx(ci95, abs=1e-6) and row["p"] == pytest.approx(p, abs=1e-6)
+    assert row["verdict"] == expected
+
+
+def test_records_without_per_prompt_correctness_use_the_seed_accuracies():
+    """An older ablation's records (no ``correct``): the same t rule on the final accuracies, no
+    prompt floor. Accuracies 0.60, 0.55, 0.65, 0.60, 0.60 against 0.50: scipy's ttest_1samp of
+    [.1, .05, .15, .1, .1] gives t = 6.3246, p = 0.0031982, interval [0.0561005, 0.1438995]."""
+    old = [{"task": "arith", "arm": arm, "seed": s, "final_accuracy": acc, "curve": [(0, 0.3), (100, acc)],
+            "wall_seconds": 1.0} for arm, accs in ((BASELINE, [0.5] * 5), ("objective:dapo", [.6, .55, .65, .6, .6]))
+           for s, acc in enumerate(accs)]
+    row = summarize(old, [BASELINE, "objective:dapo"])["objective:dapo"]
+    assert row["pairs"] is None and row["prompt_se"] is None
+    assert row["ci95"] == pytest.approx([0.0561005, 0.1438995], abs=1e-6)
+    assert row["p"] == pytest.approx(0.0031982, abs=1e-6) and row["verdict"] == "better"
+
+
 def test_identical_arms_are_one_row():
     """Detected from the runs, not from the ids: gspo's runs are the baseline's, ppo_clip's are cispo's."""
     table = summarize(*ledger_runs())
@@ -109,7 +152,9 @@ def test_noise_floor_and_regimes():
     assert nf["difference"] == pytest.approx(0.0) and nf["verdict"] == NO_DIFFERENCE and nf["departs_at"] == 1
     c = table["objective:cispo@epochs2"]  # +0.1 against baseline@epochs2 (it would be -0.1 against the baseline)
     assert c["difference"] == pytest.approx(0.1) and c["verdict"] == "better"  # every seed: se = the prompts' alone
-    assert c["ci95"] == pytest.approx([0.1 - 2.776445 * c["prompt_se"], 0.1 + 2.776445 * c["prompt_se"]], abs=1e-5)
+    # 10 of 100 prompt differences are 1: var 9/99 per prompt, /100 per seed, pooled over 5 seeds -> 0.013484
+    assert c["prompt_se"] == pytest.approx(0.0134840, abs=1e-6)
+    assert c["ci95"] == pytest.approx([0.0625624, 0.1374376], abs=1e-6) and c["p"] == pytest.approx(0.0017642, abs=1e-6)
     assert table["baseline@epochs2"]["verdict"] == "baseline"
     md = to_markdown({"command": "rollwise bench ablate", "tasks": {"arith": table}})
     assert "| baseline ≡ objective:gspo |" in md and "| objective:ppo_clip ≡ objective:cispo |" in md
@@ -188,7 +233,8 @@ def test_bench_ablate_smoke_resumes(tmp_path):
     expected = [(sum(map(int, records["strategy:tree", s]["correct"]))
                  - sum(map(int, records[BASELINE, s]["correct"]))) / 8 for s in (0, 1)]
     assert tree["seed_differences"] == pytest.approx(expected)
-    assert tree["verdict"] == ("better" if tree["ci95"][0] > 0 else "worse" if tree["ci95"][1] < 0 else NO_DIFFERENCE)
+    # the wiring only: the rule that turns these differences into a verdict is checked against numbers
+    # worked out by hand (test_verdicts_against_numbers_worked_out_with_scipy), not restated here
     # the noise floor: other sampled tokens from step 1, the same eval prompts (so it pairs by prompt)
     nf = table[NOISE_FLOOR]
     assert nf["departs_at"] == 1 and nf["pairs"] == 16 and nf["ids"] == [NOISE_FLOOR]

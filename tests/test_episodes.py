@@ -388,20 +388,21 @@ def test_a_rollout_worker_builds_the_runs_environment(tmp_path):
                                  "rollout.max_turns=3"])
     worker = RolloutWorker(cfg.model_dump(mode="json"), RunConfig, score=False)
     assert isinstance(worker.generator, EpisodeSampler) and worker.generator.max_turns == 3
-    assert isinstance(worker.generator.envs().env, GuessNumber)
+    assert worker.generator.envs.cls is GuessNumber  # its episodes' instances live in the env worker process
 
 
 def test_a_reset_that_raises_names_the_environment_and_the_row():
-    from rollwise.tasks.environment import EnvironmentFailed
-
+    """The environment's bug is this episode's failure (0 with the reason, not trained), not the run's end."""
     class Broken:
         def reset(self, **row):
             raise KeyError("secret")
 
     tok = char_tokenizer()
-    with pytest.raises(EnvironmentFailed, match=r"Broken.reset raised KeyError: 'secret' \(on a row with columns "
-                                                r"\['answer'\]\)"):
-        sampler(tok, env=Broken).generate(ScriptedEngine(tok, calculator_script), [Prompt("p", "q", answer="1")], [1], 0)
+    (group,), metrics = sampler(tok, env=Broken).generate(ScriptedEngine(tok, calculator_script),
+                                                         [Prompt("p", "q", answer="1")], [1], 0)
+    (r,) = group.rollouts
+    assert r.failure == "Broken.reset raised KeyError: 'secret' (on a row with columns ['answer'])"
+    assert r.completion_ids == [] and metrics["episode/env_failed"] == 1.0
 
 
 def test_sampled_ids_are_kept_even_where_decode_then_encode_differs(chat_tok):

@@ -32,9 +32,28 @@ from rollwise.engine.state import PartialState
 from rollwise.generate.base import Generator
 from rollwise.generate.conversation import ChatRenderer
 from rollwise.seeds import derive
+from rollwise.tasks.tool_calls import parse_calls
 from rollwise.types import Prompt, Rollout, RolloutGroup, Turn
 
 ERROR_KINDS = ("parse", "unknown_tool", "bad_arguments", "raised", "timeout")
+
+
+class _FailedEnv:
+    """The environment of an episode whose factory raised: no tools, and the reason (it scores 0)."""
+
+    done, schemas = True, []
+
+    def __init__(self, failure: str):
+        self.failure = failure
+
+    def reward(self):
+        return None
+
+    def state(self):
+        return None
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass
@@ -71,7 +90,7 @@ class EpisodeSampler(Generator):
         episodes = [self._start(p, pi, j) for pi, (p, n) in enumerate(zip(prompts, budgets)) for j in range(n)]
         counts = dict.fromkeys(("tool_calls", *ERROR_KINDS, "truncated"), 0)
         for turn in range(self.max_turns):
-            live = [e for e in episodes if not e.done]
+            live = [e for e in episodes if not e.done and getattr(e.env, "failure", None) is None]
             if not live:
                 break
             for ep, c in zip(live, self._sample_turn(engine, live, seed, turn)):
@@ -81,14 +100,22 @@ class EpisodeSampler(Generator):
         for pi, ep in zip(owners, episodes):
             groups[pi].rollouts.append(self._rollout(ep))
         metrics = {f"episode/{k}": float(v) for k, v in counts.items()}
+        metrics["episode/env_failed"] = float(sum(r.failure is not None for g in groups for r in g.rollouts))
         metrics["episode/turns_mean"] = sum(len(e.turns) for e in episodes) / max(len(episodes), 1)
         return groups, metrics
 
     # -- one episode ------------------------------------------------------------------------
     def _start(self, prompt: Prompt, pi: int, j: int) -> Episode:
-        env = self.envs()
-        extra = env.reset(prompt.reward_columns())
+        """A new episode; an environment that fails to start (``failure`` set) ends it before any turn."""
+        env = self._new_env()
+        extra = env.reset(prompt.reward_columns()) if getattr(env, "failure", None) is None else None
         return Episode(prompt, env, self._prompt_ids(prompt, extra, env.schemas), (pi, j))
+
+    def _new_env(self):
+        try:
+            return self.envs()
+        except Exception as err:  # a factory's bug: this episode fails (0, with why), the run goes on
+            return _FailedEnv(f"the environment factory raised {type(err).__name__}: {err}"[:1000])
 
     def _prompt_ids(self, prompt: Prompt, extra: str | None, schemas: list[dict]) -> list[int]:
         plain = not self.fmt.uses_chat_template
@@ -133,9 +160,9 @@ class EpisodeSampler(Generator):
         ep.turns.append(Turn(start, len(ep.ids), state))
         ep.kv, ep.kv_version = getattr(c, "kv", None), getattr(c, "kv_version", None)
         ep.finish = c.finish_reason
-        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        text = self.tokenizer.decode(new, skip_special_tokens=True)  # this turn's sampled ids only
         ep.messages.append({"role": "assistant", "content": text})
-        calls = self.fmt.parse(text) if c.finish_reason == "stop" else []
+        calls = parse_calls(self.fmt, text) if c.finish_reason == "stop" else []
         if not calls or turn + 1 >= self.max_turns:
             ep.done = True
             return
@@ -145,14 +172,15 @@ class EpisodeSampler(Generator):
             if r.error:
                 counts[r.error] += 1
             counts["truncated"] += r.truncated
-        ep.messages += [{"role": "tool", "name": c.name, "content": r.text} for c, r in zip(calls, results)]
-        if getattr(ep.env, "done", False):  # the environment ended the episode (OpenEnv's done): nothing to answer
-            ep.done = True
+        if getattr(ep.env, "done", False) or getattr(ep.env, "failure", None) is not None:
+            ep.done = True  # the environment ended the episode (OpenEnv's done) or failed: nothing to answer
             return
         inserted = self._inserted_ids(calls, results)
         if len(ep.ids) + len(inserted) >= self.params.max_new_tokens:
             ep.done, ep.finish = True, "length"  # no room left to answer
             return
+        # only results the model is shown join the messages, so they always end with its final turn
+        ep.messages += [{"role": "tool", "name": c.name, "content": r.text} for c, r in zip(calls, results)]
         ep.forced += range(len(ep.ids), len(ep.ids) + len(inserted))
         ep.ids += inserted
         ep.logprobs += [0.0] * len(inserted)
@@ -167,13 +195,17 @@ class EpisodeSampler(Generator):
         return ChatRenderer(self.tokenizer, self.fmt)
 
     def _rollout(self, ep: Episode) -> Rollout:
+        """The episode as a rollout: ``completion_text`` is its final assistant turn (what verifiers read,
+        never a tool's output), ``messages`` the whole conversation after the prompt, ending with that turn."""
         weights = [1] * len(ep.ids)
         for i in ep.forced:
             weights[i] = 0
+        env_reward = ep.env.reward()
+        failure = getattr(ep.env, "failure", None)  # the environment failed (raised, lost, server gone): 0, with why
+        getattr(ep.env, "close", lambda: None)()
+        final = next((m["content"] for m in reversed(ep.messages) if m["role"] == "assistant"), "")
         return Rollout(prompt_id=ep.prompt.id, prompt_ids=ep.prompt_ids, completion_ids=ep.ids,
-                    behavior_logprobs=ep.logprobs, versions=ep.versions, finish_reason=ep.finish,
-                    completion_text=self.tokenizer.decode(ep.ids, skip_special_tokens=True),
-                    loss_weights=weights if ep.forced else None, turns=ep.turns,
-                    messages=ep.messages, env_reward=ep.env.reward(),
-                    failure=getattr(ep.env, "failure", None))  # an environment server that failed: 0, with why
+                       behavior_logprobs=ep.logprobs, versions=ep.versions, finish_reason=ep.finish,
+                       completion_text=final, loss_weights=weights if ep.forced else None, turns=ep.turns,
+                       messages=ep.messages, env_reward=None if failure else env_reward, failure=failure)
 

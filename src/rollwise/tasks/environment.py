@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rollwise.config import ConfigError
+from rollwise.tasks.env_worker import clip_text
 from rollwise.tasks.tool_calls import ToolCall
 
 ENVIRONMENTS = {
@@ -87,62 +88,167 @@ def tools_of(env) -> dict[str, Tool]:
     return tools
 
 
-class EnvironmentFailed(RuntimeError):
-    """The environment itself failed where no model output is involved (``reset``)."""
-
-
 class EpisodeEnv:
-    """One environment instance as an episode loop drives it (``generate/episode.py``): its tools'
-    schemas, contained tool calls, its reward and anchor state, each failure a message or a 0."""
+    """One environment instance in this process, as an episode loop drives it (``generate/episode.py``):
+    its tools' schemas, contained tool calls (a thread bounded by ``timeout``), its reward and anchor
+    state. For environments that bound their own run time (``in_process = True``: ``python_tool``,
+    whose code runs in the sandbox) and for tests; others run in a worker (``WorkerEpisodeEnv``).
+
+    Failures of the environment itself (its constructor, ``reset`` or ``get_reward`` raising) set
+    ``failure``: the episode ends and scores 0 with that reason (``Rollout.failure``)."""
 
     done = False  # the environment ended the episode (an OpenEnv observation's done; tasks/openenv.py)
 
-    def __init__(self, env, timeout: float, max_chars: int, schemas: dict[str, Tool] | None = None):
+    def __init__(self, env, timeout: float, max_chars: int, schemas: dict[str, Tool] | None = None,
+                 failure: str | None = None):
         """``schemas``: the class's tools from ``tools_of`` on another instance, bound to this one
-        (schemas are built once per run, not per episode); None = built here."""
-        self.env, self.timeout, self.max_chars = env, timeout, max_chars
+        (schemas are built once per run, not per episode); None = built here. ``env`` None with a
+        ``failure``: the constructor raised."""
+        self.env, self.timeout, self.max_chars, self.failure = env, timeout, max_chars, failure
         self.tools = tools_of(env) if schemas is None else {
-            name: Tool(name, getattr(env, name), t.schema) for name, t in schemas.items()}
+            name: Tool(name, getattr(env, name, t.fn), t.schema) for name, t in schemas.items()}
+
+    @classmethod
+    def build(cls, env_cls, timeout: float, max_chars: int, schemas: dict[str, Tool]) -> "EpisodeEnv":
+        """``env_cls()`` as an episode's environment; a constructor that raises is a failed episode."""
+        try:
+            env = env_cls()
+        except Exception as err:  # the environment's bug: this episode scores 0, the run goes on
+            return cls(None, timeout, max_chars, schemas, failure=_failed(env_cls, "the constructor", err))
+        return cls(env, timeout, max_chars, schemas)
 
     @property
     def schemas(self) -> list[dict]:
         return [t.schema for t in self.tools.values()]
 
     def reset(self, row: dict) -> str | None:
-        """Start an episode; a ``reset`` that raises is the environment's bug: an error naming it
-        (the model has done nothing yet, so there is no episode to score 0)."""
+        """Start an episode; a ``reset`` that raises is the environment's bug: ``failure`` names it and the row."""
+        if self.failure is not None:
+            return None
         try:
             extra = self.env.reset(**row)
         except Exception as err:
-            raise EnvironmentFailed(f"{type(self.env).__name__}.reset raised {type(err).__name__}: {err} (on a row "
-                                    f"with columns {sorted(row)})") from err
+            self.failure = _failed(type(self.env), "reset", err, row)
+            return None
         return extra if isinstance(extra, str) and extra else None
 
     def call(self, call: ToolCall) -> "ToolResult":
+        if self.failure is not None:
+            return ToolResult(f"Error: the environment failed: {self.failure}"[: self.max_chars], "raised")
         return call_tool(self.tools, call, self.timeout, self.max_chars)
 
     def reward(self) -> float | None:
-        """``get_reward()`` if the environment scores episodes; a raising one scores 0 (never a crash)."""
-        if not callable(getattr(self.env, "get_reward", None)):
+        """``get_reward()`` if the environment scores episodes; one that raises fails the episode (0, with why)."""
+        if self.failure is not None or not callable(getattr(self.env, "get_reward", None)):
             return None
         try:
             return float(self.env.get_reward())
-        except Exception:  # the environment's bug, not the run's: this episode scores 0
-            return 0.0
+        except Exception as err:  # the environment's bug, not the run's: this episode scores 0
+            self.failure = _failed(type(self.env), "get_reward", err)
+            return None
 
     def state(self) -> str | None:
         """``observation_key()`` if the environment gives anchor states (None when it raises)."""
-        if not callable(getattr(self.env, "observation_key", None)):
+        if self.failure is not None or not callable(getattr(self.env, "observation_key", None)):
             return None
         try:
             return str(self.env.observation_key())
         except Exception:
             return None
 
+    def close(self) -> None:
+        """The episode is over (nothing to free in process)."""
 
-def episode_parts(rollout, tokenizer) -> tuple[Callable[[], EpisodeEnv], object]:
+
+class WorkerEpisodeEnv:
+    """One episode's environment instance, living in the class's worker process (``tasks/env_worker.py``),
+    with ``EpisodeEnv``'s interface: every method ends within ``timeout`` whatever the environment does."""
+
+    done = False
+
+    def __init__(self, worker, timeout: float, max_chars: int, tools: dict[str, Tool]):
+        self.worker, self.timeout, self.max_chars, self.tools = worker, timeout, max_chars, tools
+        self.eid = worker.new_id()
+        self._failure: str | None = None
+        self._open = False
+
+    @property
+    def schemas(self) -> list[dict]:
+        return [t.schema for t in self.tools.values()]
+
+    @property
+    def failure(self) -> str | None:
+        """Why the episode's environment failed (None: it did not); the episode scores 0 with it."""
+        return self._failure or self.worker.lost(self.eid)
+
+    def reset(self, row: dict) -> str | None:
+        status, value = self.worker.open(self.eid, row)
+        self._open = status == "ok"
+        if status != "ok":
+            said = value if status == "raised" else f"{self.worker.cls.__name__}.reset {_STATUS[status]}"
+            self._failure = f"{said} (on a row with columns {sorted(row)})"
+            return None
+        return value
+
+    def call(self, call: ToolCall) -> "ToolResult":
+        """One call, checked here (parse errors, unknown tools, arguments) and run in the worker."""
+        if self.failure is not None:
+            return ToolResult(f"Error: the environment failed: {self.failure}"[: self.max_chars], "raised")
+        checked = check_call(self.tools, call)
+        if checked is not None:
+            return checked
+        status, value = self.worker.call(self.eid, call.name, tuple(call.positional), dict(call.arguments))
+        if status == "ok":
+            text, truncated = value
+            return ToolResult(text, truncated=truncated)
+        if status == "raised":
+            return ToolResult(f"Error: {call.name} raised {value}"[: self.max_chars], "raised")
+        if status == "timeout":
+            return ToolResult(f"Error: {call.name} timed out after {self.timeout:g} s", "timeout")
+        return ToolResult(f"Error: {call.name} {_STATUS.get(status, 'failed')}"[: self.max_chars], "raised")
+
+    def reward(self) -> float | None:
+        if self.failure is not None or not callable(getattr(self.worker.cls, "get_reward", None)):
+            return None
+        status, value = self.worker.query(self.eid, "reward")
+        if status != "ok":
+            self._failure = f"{self.worker.cls.__name__}.get_reward " + (
+                f"raised {value}" if status == "raised" else _STATUS.get(status, "failed"))
+            return None
+        return value
+
+    def state(self) -> str | None:
+        if self.failure is not None or not callable(getattr(self.worker.cls, "observation_key", None)):
+            return None
+        status, value = self.worker.query(self.eid, "state")
+        return value if status == "ok" else None
+
+    def close(self) -> None:
+        """Drop the instance in the worker (the episode is over)."""
+        if self._open:
+            self._open = False
+            self.worker.close(self.eid)
+
+    def __del__(self):  # an episode dropped without close(): freed at the worker's next request (no lock here)
+        if getattr(self, "_open", False):
+            self.worker.dropped.append(self.eid)
+
+
+_STATUS = {"timeout": "ran past rollout.tool_timeout (its worker process was restarted)",
+           "died": "killed its worker process (it was restarted)", "lost": "was lost with its worker process"}
+
+
+def _failed(env_cls, what: str, err: Exception, row: dict | None = None) -> str:
+    """Why an environment failed: ``Name.what raised Kind: message`` (and the row's columns)."""
+    name = getattr(env_cls, "__name__", str(env_cls))
+    where = f"{name}()" if what == "the constructor" else f"{name}.{what}"
+    on = f" (on a row with columns {sorted(row)})" if row is not None else ""
+    return f"{where} raised {type(err).__name__}: {err}"[:1000] + on
+
+
+def episode_parts(rollout, tokenizer) -> tuple[Callable[[], object], object]:
     """``rollout.environment`` and ``rollout.tool_format`` (a ``RolloutConfig``) as what an
-    ``EpisodeSampler`` takes: a factory of ``EpisodeEnv``s and the ``ToolFormat``."""
+    ``EpisodeSampler`` takes: a factory of episode environments and the ``ToolFormat``."""
     from rollwise.tasks.tool_calls import tool_format
 
     try:
@@ -152,13 +258,34 @@ def episode_parts(rollout, tokenizer) -> tuple[Callable[[], EpisodeEnv], object]
     return episode_envs(rollout.environment, rollout.tool_timeout, rollout.tool_output_chars), fmt
 
 
-def episode_envs(spec: str, timeout: float, max_chars: int) -> Callable[[], EpisodeEnv]:
-    """``rollout.environment`` as a factory of ``EpisodeEnv``s (checked now: one instance is built)."""
+def episode_envs(spec: str, timeout: float, max_chars: int) -> Callable[[], object]:
+    """``rollout.environment`` as a factory of episode environments (checked now: one instance is built
+    for the tools' schemas). A class runs in a worker process (``WorkerEnvs``) unless it says
+    ``in_process = True`` (it bounds its own run time, as ``python_tool``'s sandbox does)."""
     cls = load_environment(spec)
     if spec.startswith("openenv:"):  # an OpenEnvServer: its episodes are sessions with it (tasks/openenv.py)
         return cls.episodes(timeout, max_chars)
-    schemas = tools_of(cls())  # once, and its errors at config time, not mid-run
-    return lambda: EpisodeEnv(cls(), timeout, max_chars, schemas)
+    try:
+        probe = cls()
+    except Exception as err:
+        raise ConfigError(f"rollout.environment: {spec!r}: {_failed(cls, 'the constructor', err)}") from None
+    schemas = tools_of(probe)  # once, and its errors at config time, not mid-run
+    if getattr(cls, "in_process", False):
+        return lambda: EpisodeEnv.build(cls, timeout, max_chars, schemas)
+    return WorkerEnvs(cls, timeout, max_chars, schemas)
+
+
+class WorkerEnvs:
+    """A factory of ``WorkerEpisodeEnv``s sharing one worker process (started at the first episode)."""
+
+    def __init__(self, cls, timeout: float, max_chars: int, schemas: dict[str, Tool]):
+        from rollwise.tasks.env_worker import EnvWorker
+
+        self.cls, self.tools = cls, schemas
+        self.worker = EnvWorker(cls, timeout, max_chars)
+
+    def __call__(self) -> WorkerEpisodeEnv:
+        return WorkerEpisodeEnv(self.worker, self.worker.timeout, self.worker.max_chars, self.tools)
 
 
 @dataclass(frozen=True)
@@ -168,8 +295,8 @@ class ToolResult:
     truncated: bool = False
 
 
-def call_tool(tools: dict[str, Tool], call: ToolCall, timeout: float, max_chars: int) -> ToolResult:
-    """Run one call; every failure is a message to the model with its kind in ``error``."""
+def check_call(tools: dict[str, Tool], call: ToolCall) -> ToolResult | None:
+    """The error message for a call that cannot run (unreadable, unknown tool, wrong arguments); None = it can."""
     if call.error is not None:
         return ToolResult(f"Error: {call.error}", "parse")
     tool = tools.get(call.name)
@@ -180,6 +307,17 @@ def call_tool(tools: dict[str, Tool], call: ToolCall, timeout: float, max_chars:
         inspect.signature(tool.fn).bind(*call.positional, **call.arguments)
     except TypeError as err:
         return ToolResult(f"Error: wrong arguments for {call.name}: {err}", "bad_arguments")
+    return None
+
+
+def call_tool(tools: dict[str, Tool], call: ToolCall, timeout: float, max_chars: int) -> ToolResult:
+    """Run one call in a thread of this process; every failure is a message to the model with its kind
+    in ``error``. A call past ``timeout`` is abandoned, not stopped: only for tools that bound their own
+    time (``in_process``); others run in a worker process (``WorkerEpisodeEnv``)."""
+    checked = check_call(tools, call)
+    if checked is not None:
+        return checked
+    tool = tools[call.name]
     box: dict = {}
 
     def run() -> None:
@@ -200,6 +338,5 @@ def call_tool(tools: dict[str, Tool], call: ToolCall, timeout: float, max_chars:
 
 def clip(text: str, max_chars: int) -> ToolResult:
     """``text`` cut to ``max_chars`` characters, saying how much was cut."""
-    if len(text) <= max_chars:
-        return ToolResult(text)
-    return ToolResult(text[:max_chars] + f"... [{len(text) - max_chars} more characters cut]", truncated=True)
+    cut, truncated = clip_text(text, max_chars)
+    return ToolResult(cut, truncated=truncated)

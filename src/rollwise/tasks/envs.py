@@ -15,24 +15,41 @@ from __future__ import annotations
 
 import ast
 import atexit
+import math
 import operator
 import threading
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-MAX_POWER = 1000  # 10 ** 1000 is fine; 10 ** 10 ** 9 would hang the process
+# The largest integer a calculation may make, in bits (~4,200 digits: 10 ** 1000 is fine, and its
+# decimal text stays under Python's int_max_str_digits). Bounded *before* computing: a big-int power or
+# product holds the GIL for as long as it runs, so it must never start (the tool timeout is the backstop).
+MAX_BITS = 14_000
+
+
+def _result_bits(op: ast.operator, left, right) -> float:
+    """An upper bound on the bits of ``left op right`` for integers (0 where the result cannot grow
+    past its operands by more than a bit: + - // % and anything with a float, which overflows fast)."""
+    if not (isinstance(left, int) and isinstance(right, int)):
+        return 0.0
+    if isinstance(op, ast.Mult):
+        return float(left.bit_length() + right.bit_length())
+    if isinstance(op, ast.Pow) and right > 0 and abs(left) > 1:
+        return right * math.log2(abs(left))
+    return 0.0
 
 
 def arithmetic(expression: str):
-    """The value of an arithmetic expression of number literals (raises ValueError otherwise)."""
+    """The value of an arithmetic expression of number literals (raises ValueError otherwise, and
+    for a result past ``MAX_BITS`` bits: ``((10 ** 1000) ** 1000) ** 1000`` is refused, not computed)."""
     def value(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
             left, right = value(node.left), value(node.right)
-            if isinstance(node.op, ast.Pow) and abs(right) > MAX_POWER:
-                raise ValueError(f"exponent {right} is too large (at most {MAX_POWER})")
+            if _result_bits(node.op, left, right) > MAX_BITS:
+                raise ValueError(f"the result would be too large (over {MAX_BITS} bits)")
             return _BINARY[type(node.op)](left, right)
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
             return _UNARY[type(node.op)](value(node.operand))
@@ -79,6 +96,7 @@ def _sandbox():
 class PythonTool:
     """Python, run in the sandbox, as a tool."""
 
+    in_process = True  # its code runs in the sandbox, which kills it at timeout_s: no worker process needed
     timeout_s = 5.0
 
     def reset(self, **row) -> None:

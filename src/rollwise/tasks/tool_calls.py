@@ -3,7 +3,9 @@
 A format turns the text of one model turn into the ``ToolCall``s it makes (none = the turn
 answers and the episode ends). A call the model botched — unparseable JSON, a missing name,
 arguments that are not an object — comes back as a ``ToolCall`` with ``error`` set, so the
-environment answers it with an error message instead of the episode crashing.
+environment answers it with an error message instead of the episode crashing. ``parse`` never
+raises, whatever the text: a reader that fails in any way (JSON nested past the recursion limit,
+a NUL byte ``ast`` refuses, a format's own bug) is that call's ``error``, never an exception.
 
 Supported (``rollout.tool_format``):
 
@@ -46,9 +48,18 @@ class ToolFormat:
 
     def parse(self, text: str) -> list[ToolCall]:
         block = re.compile(re.escape(self.open) + "(.*?)(" + re.escape(self.close) + "|$)", re.DOTALL)
-        return [self._read(body.strip()) if closed else
+        return [self.read(body.strip()) if closed else
                 ToolCall("", error=f"a {self.open} without its closing {self.close}")
                 for body, closed in block.findall(text)]
+
+    def read(self, body: str) -> ToolCall:
+        """``_read(body)``, its failures contained: model output is data, so nothing it holds may raise."""
+        try:
+            return self._read(body)
+        except RecursionError:  # json and ast recurse once per nesting level
+            return ToolCall("", error="the tool call is nested too deeply to read")
+        except Exception as err:  # noqa: BLE001 — e.g. ast's ValueError on a NUL byte
+            return ToolCall("", error=f"cannot read the tool call ({type(err).__name__}: {str(err)[:80]})")
 
     @staticmethod
     def _read(body: str) -> ToolCall:
@@ -128,6 +139,17 @@ class Plain(ToolFormat):
 
 
 FORMATS: dict[str, ToolFormat] = {f.name: f for f in (Hermes(), Plain())}
+
+
+def parse_calls(fmt: ToolFormat, text: str) -> list[ToolCall]:
+    """``fmt.parse(text)`` for callers that must not raise (the episode loop, the endpoint): a format
+    that overrides ``parse`` and fails anyway gives one call with the error, answered to the model."""
+    try:
+        return list(fmt.parse(text))
+    except RecursionError:
+        return [ToolCall("", error="the tool call is nested too deeply to read")]
+    except Exception as err:  # noqa: BLE001 — a user format's bug is the model's error message, not a crash
+        return [ToolCall("", error=f"cannot read the tool calls ({type(err).__name__}: {str(err)[:80]})")]
 
 
 def tool_format(name: str, tokenizer) -> ToolFormat:

@@ -227,6 +227,12 @@ class RolloutGroup:
         return [r.reward for r in self.rollouts]
 
     @property
+    def live_rewards(self) -> list[float]:
+        """The rewards of the rollouts that did not fail (``Rollout.failure``): what the group's
+        statistics — advantages, its zero-signal verdict, pass rates — are computed from."""
+        return [r.reward for r in self.rollouts if r.failure is None]
+
+    @property
     def num_correct(self) -> int:
         """Rollouts the judge counts as correct (``Rollout.correct``)."""
         return sum(r.correct for r in self.rollouts)

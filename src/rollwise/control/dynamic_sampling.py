@@ -52,4 +52,4 @@ class DynamicSampling(Controller):
         self.max_rounds = cfg.max_rounds
 
     def accept(self, group: RolloutGroup) -> bool:
-        return informative(group.rewards)
+        return informative(group.live_rewards)  # failed rollouts carry no signal either way

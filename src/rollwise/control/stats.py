@@ -69,20 +69,22 @@ class PromptStats:
         return rec
 
     def observe(self, group: RolloutGroup, step: int) -> None:
-        """Add a scored group's outcomes to its prompt's record."""
-        if not group.rollouts:
+        """Add a scored group's outcomes to its prompt's record. Failed rollouts (``Rollout.failure``:
+        a harness or environment that failed) say nothing about the prompt and are left out."""
+        live = [r for r in group.rollouts if r.failure is None]
+        if not live:
             return
         rec = self.records.setdefault(group.prompt.id, PromptRecord())
-        n = len(group.rollouts)
-        s = group.num_correct
+        n = len(live)
+        s = sum(r.correct for r in live)
         rec.alpha = self.visit_decay * rec.alpha + s
         rec.beta = self.visit_decay * rec.beta + (n - s)
-        lengths = [r.num_tokens for r in group.rollouts]
+        lengths = [r.num_tokens for r in live]
         rec.mean_length = (rec.mean_length * rec.attempts + sum(lengths)) / (rec.attempts + n)
         rec.attempts += n
         rec.successes += s
         rec.last_step = step
-        rewards = group.rewards
+        rewards = group.live_rewards
         mean = sum(rewards) / n
         rec.group_std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / n)
         if len(self.records) > 1.25 * self.capacity:  # a long run on an endless stream stays bounded

@@ -2,15 +2,28 @@
 
 A reward function is called as TRL calls it::
 
-    fn(prompts, completions, completion_ids=completion_ids, **dataset_columns) -> list[float | None]
+    fn(prompts, completions, completion_ids=completion_ids, completion_messages=..., **dataset_columns)
+        -> list[float | None]
 
-and may be ``async``. ``None`` means "not applicable" and contributes nothing (it is not a
+and may be ``async``. ``completions`` is what the model answered: the final assistant turn (the
+last assistant message of a multi-turn episode, never the tool output before it), as text for a
+plain prompt and as TRL's ``[{"role": "assistant", "content": ...}]`` for a conversational one;
+``completion_messages`` is each rollout's whole episode as messages (assistant turns and tool
+results; None for a single completion). The same holds for in-process episodes and harness
+episodes (through the endpoint). ``None`` means "not applicable" and contributes nothing (it is not a
 zero). A function may return ``rollwise.types.Score`` values (floats that carry a
 ``reason`` and, for verifiers that extract one, the final ``answer``); the reason is recorded
 on the rollout, and the first function's extracted answer becomes ``Rollout.extracted_answer``
 (what maj@k votes with). A function that raises does not crash
 training: every rollout of that call scores 0 for that component, the reason says why, and
 ``reward/<name>/errors`` counts it.
+
+A value that is not a finite number (NaN, ±inf, or not a number at all) from a reward
+function, an environment's ``get_reward()``, an OpenEnv server or a harness's return scores 0
+for that component with the reason ``non-finite``, counted by ``reward/<name>/non_finite``: a
+non-finite reward never reaches an advantage. A rollout with ``failure`` set (its harness
+raised or timed out, its environment failed) scores 0 with that reason; the optimizer gives
+it no weight (``rollwise.optim``).
 """
 
 from __future__ import annotations
@@ -24,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rollwise.config import ConfigError
-from rollwise.types import RolloutGroup, Score
+from rollwise.types import Rollout, RolloutGroup, Score
 
 log = logging.getLogger(__name__)
 ENV_REWARD = "environment"  # the component an environment's get_reward() fills (multi-turn episodes)
@@ -70,62 +83,115 @@ async def _await(awaitable):
     return await awaitable
 
 
+def final_turn(rollout: Rollout) -> str:
+    """What the model answered: the last assistant message of an episode (``Rollout.messages``),
+    else the whole completion (a single completion is its own final turn).
+
+    >>> r = Rollout("p", [1], [], [], [], "stop", completion_text="call 6*7 <result>42</result> it is 41",
+    ...             messages=[{"role": "assistant", "content": "call 6*7"}, {"role": "tool", "content": "42"},
+    ...                       {"role": "assistant", "content": "it is 41"}])
+    >>> final_turn(r)
+    'it is 41'
+    """
+    for m in reversed(rollout.messages or []):
+        if isinstance(m, dict) and m.get("role") == "assistant":
+            return str(m.get("content") or "")
+    return rollout.completion_text
+
+
+def finite(value) -> float | None:
+    """``value`` as a finite float, or None (NaN, ±inf, or not a number at all).
+
+    >>> finite(Score(1.0)), finite(float("inf")), finite("nan"), finite(object())
+    (1.0, None, None, None)
+    """
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def reward_inputs(rollouts: list[tuple[RolloutGroup, Rollout]]) -> tuple[list, list, dict]:
+    """(prompts, completions, keyword arguments) for TRL-style reward functions, in TRL's formats:
+    conversational prompts get message lists on both sides, others plain text. ``completions`` is
+    the final assistant turn (``final_turn``); ``completion_messages`` the whole episode."""
+    conversational = [g.prompt.messages is not None for g, _ in rollouts]
+    prompts = [g.prompt.messages if conv else g.prompt.text for conv, (g, _) in zip(conversational, rollouts)]
+    completions = [[{"role": "assistant", "content": final_turn(r)}] if conv else final_turn(r)
+                   for conv, (_, r) in zip(conversational, rollouts)]
+    per_rollout = [g.prompt.reward_columns() for g, _ in rollouts]
+    keys = sorted({k for cols in per_rollout for k in cols})
+    kwargs = {k: [cols.get(k) for cols in per_rollout] for k in keys}
+    kwargs["completion_ids"] = [r.completion_ids for _, r in rollouts]
+    kwargs["completion_messages"] = [r.messages for _, r in rollouts]
+    return prompts, completions, kwargs
+
+
+def _values(rf: RewardFn, prompts, completions, kwargs, n: int) -> tuple[list, int]:
+    """One reward function's values for ``n`` rollouts, and how many it failed (all, if it raised)."""
+    try:
+        values = _call(rf.fn, prompts, completions, kwargs.pop("completion_ids"), kwargs)
+        if len(values) != n:
+            raise ValueError(f"returned {len(values)} values for {n} completions")
+        return values, 0
+    except Exception as err:  # a reward function must not take training down
+        log.warning("reward function '%s' raised %s: %s; scoring this batch 0", rf.name, type(err).__name__, err)
+        return [Score(0.0, f"{rf.name} raised {type(err).__name__}: {err}")] * n, n
+
+
+def _component(r: Rollout, name: str, v) -> float:
+    """Record component ``name`` = ``v`` on ``r`` (0 with the reason ``non-finite`` for a value that
+    is not a finite number); returns the value recorded."""
+    value = finite(v)
+    if value is None:
+        value, reason = 0.0, f"non-finite ({v!r:.40})"
+    else:
+        reason = getattr(v, "reason", "")
+    r.reward_components[name] = value
+    if reason:
+        r.reward_reasons[name] = reason
+    return value
+
+
 def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict[str, float]:
     """Set ``reward``, ``reward_components``, ``reward_reasons`` and ``extracted_answer`` on every rollout.
 
-    The total is the weighted sum of the components that apply (non-None). Returns metrics:
-    the mean of each component over rollouts where it applied, and error counts.
+    The total is the weighted sum of the components that apply (non-None), each finite (a
+    non-finite one scores 0, reason ``non-finite``). Returns metrics: the mean of each
+    component over rollouts where it applied, error and non-finite counts.
     """
     rollouts = [(g, r) for g in groups for r in g.rollouts]
-    # TRL's formats: conversational prompts get message lists on both sides, others plain text
-    prompts = [g.prompt.messages if g.prompt.messages is not None else g.prompt.text for g, _ in rollouts]
-    # a multi-turn episode of a conversational prompt: its whole conversation (assistant turns and tool
-    # messages); of a plain prompt: its text, inserted results included
-    completions = [
-        (r.messages or [{"role": "assistant", "content": r.completion_text}]) if g.prompt.messages is not None
-        else r.completion_text
-        for g, r in rollouts
-    ]
-    completion_ids = [r.completion_ids for _, r in rollouts]
-    per_rollout = [g.prompt.reward_columns() for g, _ in rollouts]
-    keys = sorted({k for cols in per_rollout for k in cols})
-    columns = {k: [cols.get(k) for cols in per_rollout] for k in keys}
+    prompts, completions, kwargs = reward_inputs(rollouts)
     metrics: dict[str, float] = {}
     totals = [0.0] * len(rollouts)
     answers: list[str | None] = [None] * len(rollouts)  # the first reward function's extracted answer wins
     for rf in reward_fns:
-        try:
-            values = _call(rf.fn, prompts, completions, completion_ids, columns)
-            if len(values) != len(rollouts):
-                raise ValueError(f"returned {len(values)} values for {len(rollouts)} completions")
-            errors = 0
-        except Exception as err:  # a reward function must not take training down
-            log.warning("reward function '%s' raised %s: %s; scoring this batch 0", rf.name, type(err).__name__, err)
-            values = [Score(0.0, f"{rf.name} raised {type(err).__name__}: {err}")] * len(rollouts)
-            errors = len(rollouts)
+        values, errors = _values(rf, prompts, completions, dict(kwargs), len(rollouts))
+        bad = 0
         for i, ((_, r), v) in enumerate(zip(rollouts, values)):
             if v is None:
                 continue
-            value = float(v)
-            if math.isnan(value):
-                value, reason = 0.0, "reward was NaN"
-            else:
-                reason = getattr(v, "reason", "")
-            r.reward_components[rf.name] = value
-            if reason:
-                r.reward_reasons[rf.name] = reason
+            bad += finite(v) is None
+            totals[i] += rf.weight * _component(r, rf.name, v)
             if answers[i] is None and isinstance(getattr(v, "answer", None), str):
                 answers[i] = v.answer
-            totals[i] += rf.weight * value
         metrics[f"reward/{rf.name}/errors"] = float(errors)
+        metrics[f"reward/{rf.name}/non_finite"] = float(bad)
+    bad = 0
     for i, (_, r) in enumerate(rollouts):  # an environment that scores its episodes: one more component, weight 1
-        if r.env_reward is not None:
-            r.reward_components[ENV_REWARD] = r.env_reward
-            totals[i] += r.env_reward
+        if r.env_reward is not None:  # get_reward(), an OpenEnv server's reward, a harness's return
+            bad += finite(r.env_reward) is None
+            totals[i] += _component(r, ENV_REWARD, r.env_reward)
+    if any(r.env_reward is not None for _, r in rollouts):
+        metrics[f"reward/{ENV_REWARD}/non_finite"] = float(bad)
     for (_, r), total, answer in zip(rollouts, totals, answers):
         if r.failure is not None:  # it could not be scored (a harness that raised or hung): 0, with the reason
             total = 0.0
             r.reward_reasons["failure"] = r.failure
+        elif not math.isfinite(total):  # finite components whose weighted sum overflows
+            total = 0.0
+            r.reward_reasons["total"] = "non-finite (the weighted sum overflowed)"
         r.score = r.reward = total  # the verdict; shaping terms later add to ``reward`` only
         r.extracted_answer = answer
     return component_means(groups) | metrics

@@ -38,26 +38,36 @@ KLEstimator = Literal["k1", "k2", "k3"]
 
 
 def token_weights(mask: torch.Tensor, loss_agg: LossAgg, max_len: int | None = None,
-                  lengths: torch.Tensor | None = None) -> torch.Tensor:
+                  lengths: torch.Tensor | None = None, num_sequences: int | None = None) -> torch.Tensor:
     """Per-token weights [B, T] such that ``loss = Σ per_token · weights`` for ``loss_agg``.
 
-    Computed once on the whole batch, the weights make micro-batched gradient accumulation
-    equal to the full-batch loss whatever the mode.
+    ``mask`` [B, T] holds the loss weights (0 = not trained: inserted tool ids, forced tokens,
+    failed rollouts; k = a tree node shared by k leaves). Computed once on the whole batch, the
+    weights make micro-batched gradient accumulation equal to the full-batch loss whatever the mode.
 
-    - ``token_mean``: 1/Σm.
-    - ``seq_mean_token_mean``: 1/(|y_i|·N), |y_i| = ``lengths`` [B] when given (a sequence
-      with untrained tokens — shared tree prefixes, forced tokens — keeps its length), else Σm_i.
+    - ``token_mean``: 1/Σm — the trained tokens only.
+    - ``seq_mean_token_mean``: 1/(|y_i|·N), |y_i| = ``lengths`` [B] when given (the sampled
+      length of the row's sequence: an episode's turns over all its segments; a tree leaf keeps
+      its shared prefix), else Σm_i.
     - ``seq_mean_token_sum_norm``: 1/(N·max_len), ``max_len`` defaulting to T (pass the
       generation limit to make it a true constant, as Dr.GRPO does).
+
+    N = ``num_sequences`` when given (an episode of several rows counts once, a failed one not
+    at all: ``TrainBatch.num_sequences``), else B.
+
+    >>> token_weights(torch.tensor([[1., 1, 0, 1], [1, 0, 0, 0]]), "seq_mean_token_mean", lengths=torch.tensor([3, 3]),
+    ...               num_sequences=1).tolist()
+    [[0.3333333432674408, 0.3333333432674408, 0.0, 0.3333333432674408], [0.3333333432674408, 0.0, 0.0, 0.0]]
     """
     mask = mask.float()
+    n = max(mask.shape[0] if num_sequences is None else num_sequences, 1)
     if loss_agg == "token_mean":
         return mask / mask.sum().clamp(min=1)
     if loss_agg == "seq_mean_token_mean":
         per_seq = mask.sum(-1) if lengths is None else lengths.to(mask)
-        return mask / (per_seq[:, None].clamp(min=1) * mask.shape[0])
+        return mask / (per_seq[:, None].clamp(min=1) * n)
     if loss_agg == "seq_mean_token_sum_norm":
-        return mask / (mask.shape[0] * (max_len or mask.shape[1]))
+        return mask / (n * (max_len or mask.shape[1]))
     raise ValueError(f"loss_agg must be token_mean, seq_mean_token_mean or seq_mean_token_sum_norm, got {loss_agg!r}")
 
 

@@ -43,6 +43,7 @@ from rollwise.optim.advantages import (
     rloo_advantages,
     tree_node_advantages,
 )
+from rollwise.optim.batch import episode_tokens
 from rollwise.optim.correction import IS_WEIGHT_MODES, TISMode, behavior_weights
 from rollwise.optim.losses import (
     ISLevel,
@@ -164,11 +165,15 @@ class ObjectiveConfig(StrictModel):
 def assign_advantages(groups: list[RolloutGroup], cfg: ObjectiveConfig) -> dict[str, float]:
     """Set each rollout's per-token advantage: its sequence advantage on every token; for tree
     groups (``cfg.tree_adv``) each node's tree advantage on that node's tokens; with ``gigpo``, a
-    multi-turn episode's turn tokens get A^E + that turn's A^S (``token_advantages``)."""
+    multi-turn episode's turn tokens get A^E + that turn's A^S (``token_advantages``).
+
+    A failed rollout (``Rollout.failure``) is left out of its group's statistics — the
+    estimator sees the group without it — and gets advantage 0 (``build_batch`` gives it loss
+    weight 0): a group [1, 0, failed, 1] trains exactly as the group [1, 0, 1]."""
     rollouts = [r for g in groups for r in g.rollouts]
     rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)
     group_ids = torch.tensor([gi for gi, g in enumerate(groups) for _ in g.rollouts])
-    adv, excluded, steps, metrics = sequence_advantages(rollouts, rewards, group_ids, cfg)
+    adv, excluded, steps, metrics = live_advantages(rollouts, rewards, group_ids, cfg)
     adv = adv.tolist()
     trees = cfg.tree_adv and any(g.tree is not None for g in groups)
     scale = reward_scale(rewards, group_ids, cfg.scale_rewards).tolist() if trees else None  # tree_adv's divisor
@@ -182,12 +187,13 @@ def assign_advantages(groups: list[RolloutGroup], cfg: ObjectiveConfig) -> dict[
                 r.advantage = token_advantages(r, adv[j], steps[j])
                 for s in r.segments or ():  # a harness episode's other segments: its sequence advantage
                     s.advantage = [adv[j]] * len(s.completion_ids)
-                if excluded[j]:  # MC-GRPO's pivot: no gradient
+                if excluded[j]:  # MC-GRPO's pivot, a failed rollout: no gradient
                     r.loss_weights = [0] * len(r.completion_ids)
         i += n
-    zero = sum(1 for g in groups if is_zero_signal(g.rewards))
-    token_adv = [abs(a) for g in groups for r in g.rollouts
+    zero = sum(1 for g in groups if is_zero_signal(g.live_rewards))
+    token_adv = [abs(a) for g in groups for r in g.rollouts if r.failure is None
                  for a, m in zip(r.advantage, r.loss_weights or [1] * len(r.advantage)) if m]  # trained tokens
+    adv = [a for a, r in zip(adv, rollouts) if r.failure is None]
     return metrics | {"advantage/abs_mean": sum(map(abs, adv)) / max(len(adv), 1),
             "advantage/token_abs_mean": sum(token_adv) / max(len(token_adv), 1),
             "groups/zero_signal": zero / max(len(groups), 1)}
@@ -231,11 +237,32 @@ def _gigpo(rollouts, rewards, group_ids, cfg):
 ESTIMATORS = {
     "group": lambda ro, r, g, cfg: group_advantages(r, g, cfg.scale_rewards),
     "rloo": lambda ro, r, g, cfg: rloo_advantages(r, g),
-    "reinforce_pp": lambda ro, r, g, cfg: reinforce_pp_advantages(r, g, torch.tensor([max(x.num_tokens, 1) for x in ro])),
+    # token counts and lengths are sampled tokens (an episode's turns over its segments, not inserted ids)
+    "reinforce_pp": lambda ro, r, g, cfg: reinforce_pp_advantages(
+        r, g, torch.tensor([max(episode_tokens(x), 1) for x in ro])),
     "median": _median,
-    "drpo": lambda ro, r, g, cfg: drpo_advantages(_correct(ro), torch.tensor([float(x.num_tokens) for x in ro]), g),
+    "drpo": lambda ro, r, g, cfg: drpo_advantages(_correct(ro), torch.tensor([float(episode_tokens(x)) for x in ro]), g),
     "gigpo": _gigpo,
 }
+
+
+def live_advantages(rollouts, rewards: torch.Tensor, group_ids: torch.Tensor, cfg: ObjectiveConfig):
+    """``sequence_advantages`` of the rollouts that did not fail, as if the failed ones had never
+    been sampled; a failed one gets advantage 0, no step term, and is excluded."""
+    live = [i for i, r in enumerate(rollouts) if r.failure is None]
+    n = len(rollouts)
+    adv, excluded, steps = torch.zeros(n, dtype=torch.float64), [True] * n, [None] * n
+    if not live:
+        return adv, excluded, steps, {}
+    if len(live) == n:
+        return sequence_advantages(rollouts, rewards, group_ids, cfg)
+    index = torch.tensor(live)
+    sub_adv, sub_excluded, sub_steps, metrics = sequence_advantages(
+        [rollouts[i] for i in live], rewards[index], group_ids[index], cfg)
+    adv[index] = sub_adv
+    for j, i in enumerate(live):
+        excluded[i], steps[i] = sub_excluded[j], sub_steps[j]
+    return adv, excluded, steps, metrics
 
 
 def sequence_advantages(rollouts, rewards: torch.Tensor, group_ids: torch.Tensor, cfg: ObjectiveConfig):

@@ -18,10 +18,15 @@ rows of a micro-batch that repeat one prompt (a GRPO group) computing it once
 (``optim.share_prompts``; ``update/prompt_tokens_shared`` logs the prompt tokens spared per
 pass); other models run the HF module on the padded micro-batch. All give the same log-probs
 and gradients (``tests/test_packed.py``, ``tests/test_packed_shared.py``, ``tests/test_optim.py``).
+
+A pass whose loss or gradient norm is not finite (NaN, ±inf) is skipped: no optimizer step
+(weights, moments and step count untouched), its gradient dropped, its metrics left out, and
+``update/skipped_nonfinite`` counts it — a non-finite number never reaches the weights.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -78,9 +83,11 @@ def policy_update(model, optimizer, batch: TrainBatch, spec: UpdateSpec, ref_mod
     device = next(model.parameters()).device
     batch = batch.to(device)
     # [B, T-1] over the whole batch, the per-token loss weights (k for a tree node shared by k leaves)
-    # counted as k tokens, as k flat rollouts would be; a sequence's length counts its untrained tokens too
+    # counted as k tokens, as k flat rollouts would be; a sequence's length is its sampled tokens (a tree
+    # leaf's shared prefix included, an episode's inserted ids not), an episode of several rows one sequence
     trained = batch.trained_mask
-    weights = token_weights(batch.loss_weights, spec.objective.loss_agg, spec.max_len, lengths=batch.completion_lengths)
+    weights = token_weights(batch.loss_weights, spec.objective.loss_agg, spec.max_len,
+                            lengths=batch.normaliser_lengths, num_sequences=batch.num_sequences)
     ref_full, shaping = None, {}
     if spec.objective.needs_reference:  # a frozen copy, or (LoRA) the policy with its adapters off
         with as_reference(ref_model).module() as reference:
@@ -99,22 +106,35 @@ def policy_update(model, optimizer, batch: TrainBatch, spec: UpdateSpec, ref_mod
     forward = PackedForward(model) if spec.packed else None
     totals: dict[str, float] = {}
     model.train()
+    skipped = 0  # passes whose loss or gradient norm was not finite: no optimizer step
     for _ in range(spec.passes):
         optimizer.zero_grad(set_to_none=True)
-        for mb in _micro_batches(len(rows), spec.micro_batch_size) if work is not None else []:
+        micro = _micro_batches(len(rows), spec.micro_batch_size) if work is not None else []
+        metrics = {}
+        for mb in micro:
             m = _backward(model, forward, work.select(mb), weights[mb], old, ref, mb, spec)
             share = m.pop("tokens") / total_tokens
             for k, v in m.items():
                 # loss adds up over micro-batches; per-token statistics average by token share
-                totals[k] = totals.get(k, 0.0) + float(v) * (1.0 if k == "loss" else share) / spec.passes
+                metrics[k] = metrics.get(k, 0.0) + float(v) * (1.0 if k == "loss" else share) / spec.passes
         for p in model.parameters():  # a batch without signal still takes its (zero-gradient) optimizer step
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), spec.max_grad_norm)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), spec.max_grad_norm))
+        if not (math.isfinite(grad_norm) and math.isfinite(metrics.get("loss", 0.0))):
+            # a non-finite loss or gradient never reaches the weights: no step (the optimizer's
+            # moments and step count untouched), the gradient dropped, the pass counted
+            optimizer.zero_grad(set_to_none=True)
+            skipped += 1
+            continue
         optimizer.step()
-        totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(grad_norm) / spec.passes
+        metrics["grad_norm"] = grad_norm / spec.passes
+        for k, v in metrics.items():
+            totals[k] = totals.get(k, 0.0) + v
     model.eval()
     totals.setdefault("loss", 0.0)
+    totals.setdefault("grad_norm", 0.0)
+    totals["update/skipped_nonfinite"] = float(skipped)
     totals["update/skipped_rows"] = 1.0 - len(rows) / max(n_rows, 1)
     totals["update/trained_tokens"] = float(trained[rows].sum())
     # prompt tokens the training forward did not compute again, per pass over the batch

@@ -207,6 +207,8 @@ class Trainer:
             self.state.reference_moved_at = step
         tensors = build_batch(groups, self.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
         metrics |= policy_update(self.model, self.optimizer, tensors, self.update_spec(step), self.ref_model)
+        self.state.skipped_updates += int(metrics["update/skipped_nonfinite"])  # a NaN/inf never reached the weights
+        metrics["train/skipped_updates"] = float(self.state.skipped_updates)
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the LR this step trained with
         self.scheduler.step()  # once per training step, however many passes the update made
         self.engine.load_weights(self.model)  # in-process: parameters are shared, only the version moves

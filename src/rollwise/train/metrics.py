@@ -203,6 +203,8 @@ def rollout_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
         "train/pass_rate": sum(g.pass_rate for g in groups) / len(groups),
         "groups/trained": float(len(groups)),
         "rollouts/trained": float(len(rollouts)),
+        # failed episodes (a harness or environment that failed): in the groups, without weight or statistics
+        "episodes/failed": float(sum(r.failure is not None for r in rollouts)),
         "length/mean": sum(lengths) / len(lengths),
         "length/max": float(max(lengths)),
         "length/truncated": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),

@@ -17,6 +17,7 @@ class TrainState:
     initial_accuracy: float | None = None
     last_accuracy: float | None = None
     reference_moved_at: int | None = None  # the step the reference model became the policy (ReMix), if any
+    skipped_updates: int = 0  # optimizer passes skipped because their loss or gradient norm was not finite
 
 
 @dataclass(frozen=True)

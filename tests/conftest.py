@@ -55,7 +55,8 @@ def ray_cluster():
     cannot start here (it needs local sockets and shared memory), saying why."""
     ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'rollwise[ray]'")
     tmp = tempfile.mkdtemp(prefix="rw-ray-")  # short: Ray's socket paths must fit 107 characters
-    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_ADDRESS")}
+    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_ADDRESS",
+                                            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
 
     def restore():
         for k, v in saved.items():
@@ -67,6 +68,9 @@ def ray_cluster():
 
     os.environ.update(RAY_TMPDIR=tmp, RAY_AUTH_MODE="disabled")  # no token written to ~/.ray
     os.environ.pop("RAY_ADDRESS", None)
+    from rollwise.dist.pool import loopback_only
+
+    loopback_only()  # the test cluster listens on 127.0.0.1 only
     try:
         ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)
     except Exception as err:  # noqa: BLE001 — e.g. a container that forbids its sockets or shared memory

@@ -62,9 +62,27 @@ def connect():
                           "pip install 'rollwise[ray]' (or set rollout.workers=0)") from None
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS") or None
+        if address is None:
+            loopback_only()
         ray.init(address=address, include_dashboard=False if address is None else None, log_to_driver=True,
                  configure_logging=False)
     return ray
+
+
+def loopback_only() -> None:
+    """Make a local Ray cluster this process starts bind every service to 127.0.0.1.
+
+    Ray's node address on Linux is the machine's network address (what other nodes would reach),
+    so a one-machine cluster listens on it: any host that can reach this machine could talk to the
+    GCS and the raylet. Ray binds to loopback when its "cluster" switch is off (as on macOS and
+    Windows); the switch is read from ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` when ``ray`` is
+    imported, so it is set both in the environment (workers and a ``ray`` imported later) and on
+    the imported module. A cluster joined through ``RAY_ADDRESS`` is left as its owner started it.
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 @runtime_checkable

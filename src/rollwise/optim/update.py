@@ -117,17 +117,10 @@ def policy_update(model, optimizer, batch: TrainBatch, spec: UpdateSpec, ref_mod
             for k, v in m.items():
                 # loss adds up over micro-batches; per-token statistics average by token share
                 metrics[k] = metrics.get(k, 0.0) + float(v) * (1.0 if k == "loss" else share) / spec.passes
-        for p in model.parameters():  # a batch without signal still takes its (zero-gradient) optimizer step
-            if p.requires_grad and p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), spec.max_grad_norm))
-        if not (math.isfinite(grad_norm) and math.isfinite(metrics.get("loss", 0.0))):
-            # a non-finite loss or gradient never reaches the weights: no step (the optimizer's
-            # moments and step count untouched), the gradient dropped, the pass counted
-            optimizer.zero_grad(set_to_none=True)
+        grad_norm = _step(model, optimizer, metrics.get("loss", 0.0), spec.max_grad_norm)
+        if grad_norm is None:
             skipped += 1
             continue
-        optimizer.step()
         metrics["grad_norm"] = grad_norm / spec.passes
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0.0) + v
@@ -140,6 +133,21 @@ def policy_update(model, optimizer, batch: TrainBatch, spec: UpdateSpec, ref_mod
     # prompt tokens the training forward did not compute again, per pass over the batch
     totals["update/prompt_tokens_shared"] = forward.prompt_tokens_shared / spec.passes if forward is not None else 0.0
     return totals | shaping
+
+
+def _step(model, optimizer, loss: float, max_grad_norm: float) -> float | None:
+    """Clip the accumulated gradient and step; returns its norm, or None when the loss or the norm
+    is not finite: then no step is taken (weights, the optimizer's moments and step count
+    untouched) and the gradient is dropped — a non-finite number never reaches the weights."""
+    for p in model.parameters():  # a batch without signal still takes its (zero-gradient) optimizer step
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
+    if not (math.isfinite(grad_norm) and math.isfinite(loss)):
+        optimizer.zero_grad(set_to_none=True)
+        return None
+    optimizer.step()
+    return grad_norm
 
 
 def _backward(model, forward: PackedForward | None, sub: TrainBatch, weights: torch.Tensor, old: torch.Tensor | None,

@@ -316,3 +316,14 @@ def test_policy_update_normalises_an_episode_once(tiny):
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
     # the prefix of the second segment is the first segment's tokens: the same log-probs, the same loss
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+
+
+def test_micro_batches_and_devices_keep_the_sequence_bookkeeping():
+    g = _group(_rollout(reward=1.0, segments=[_rollout(ids=(7, 8, 9))]), _rollout(failure="x"))
+    assign_advantages([g], ObjectiveConfig())
+    batch = build_batch([g], pad_token_id=0)
+    sub = batch.select(torch.tensor([1, 2])).to("cpu")
+    assert sub.sequence_ids.tolist() == [0, -1] and sub.sequence_lengths.tolist() == [5.0, 2.0]
+    legacy = copy.copy(batch)
+    legacy.sequence_ids = legacy.sequence_lengths = None  # a batch built by older code: every row a sequence
+    assert legacy.to("cpu").num_sequences == 3 and legacy.normaliser_lengths.tolist() == [2.0, 3.0, 2.0]

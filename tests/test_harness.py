@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,7 +14,7 @@ from rollwise.config import ConfigError
 from rollwise.engine.sampling import SamplingParams
 from rollwise.engine.slots import SlotEngine
 from rollwise.model.tiny import build_tiny
-from rollwise.serve.harness import HarnessSampler, load_harness, segments_of
+from rollwise.serve.harness import Endpoint, Endpoints, HarnessSampler, load_harness, segments_of
 from rollwise.serve.service import Call, Choice, EpisodeLog
 from rollwise.tasks.tool_calls import FORMATS
 from rollwise.types import Prompt
@@ -19,38 +22,9 @@ from rollwise.types import Prompt
 pytest.importorskip("openai")
 
 
-# -- harnesses (no rollwise imports in what they do) ------------------------------------------------
-async def two_calls(client, row):
-    """Ask, then ask again after the answer: call 2 continues call 1."""
-    messages = [{"role": "user", "content": row["prompt"]}]
-    first = await client.chat.completions.create(model=row["model"], messages=messages, max_tokens=12)
-    messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "and?"}]
-    second = await client.chat.completions.create(model=row["model"], messages=messages, max_tokens=12)
-    return float(len(second.choices[0].message.content or "") % 2 == 0)
-
-
-async def rewrites_history(client, row):
-    """Call 2 drops call 1 from the conversation: a new segment."""
-    await client.chat.completions.create(model=row["model"], messages=[{"role": "user", "content": row["prompt"]}],
-                                         max_tokens=6)
-    await client.chat.completions.create(model=row["model"], messages=[{"role": "user", "content": "other"}],
-                                         max_tokens=6)
-    return 1.0
-
-
-async def raises(client, row):
-    await client.chat.completions.create(model=row["model"], messages=[{"role": "user", "content": "x"}], max_tokens=4)
-    raise RuntimeError("harness bug")
-
-
-async def hangs(client, row):
-    while True:  # a long generation, then another: always in flight when the timeout strikes
-        await client.chat.completions.create(model=row["model"], messages=[{"role": "user", "content": "x"}],
-                                             max_tokens=400)
-
-
-def not_async(client, row):
-    return 1.0
+# the harnesses (tests/harness_agents.py) know only the openai client; they run in the harness worker process
+from harness_agents import (HANG_PROMPT, crc, hangs, main_side_main, n_choices, raises,  # noqa: E402
+                            rewrites_forever, rewrites_history, sleeps, spins, two_calls, two_calls_crc)
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +34,43 @@ def engine_and_tok():
     return SlotEngine(model.eval(), pad_token_id=tok.pad_token_id or 0, max_batch_size=16), tok
 
 
-def sampler(engine_and_tok, harness, timeout=60.0, max_new_tokens=40):
+def sampler(engine_and_tok, harness, timeout=60.0, max_new_tokens=40, stop_ids=()):
     _, tok = engine_and_tok
-    return HarnessSampler(SamplingParams(max_new_tokens=max_new_tokens), tok, FORMATS["plain"], harness, timeout)
+    params = SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_ids))
+    return HarnessSampler(params, tok, FORMATS["plain"], harness, timeout)
+
+
+def bounded(fn, *args, limit=90.0):
+    """``fn(*args)`` on a thread; a call still running after ``limit`` seconds fails the test (never hangs it)."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args)
+        except BaseException as err:  # handed to the test
+            out["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert not thread.is_alive(), f"{getattr(fn, '__name__', fn)} still running after {limit:g} s"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+class Stalled:
+    """The engine, except that what it runs never finishes: every call stays in flight until it is aborted."""
+
+    def __init__(self, engine):
+        self._inner = engine
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def step(self):
+        time.sleep(0.01)  # no progress to make (keeps the driver's loop from spinning)
+        return []
 
 
 def digits_stop(tok):
@@ -92,18 +100,51 @@ def test_a_call_that_does_not_extend_starts_a_new_segment():
     assert (first.prompt_ids, first.ids) == ([1, 2], [5, 6]) and (second.prompt_ids, second.ids) == ([1, 3], [7])
 
 
+def test_endpoints_are_one_per_engine_shared_by_copies_and_an_idle_old_one_retires():
+    class Stub:  # a server and a worker: what closing them did
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+        kill = close
+
+    made = []
+
+    def make(engine):
+        made.append(Endpoint(Stub(), Stub()))
+        return made[-1]
+
+    endpoints = Endpoints(keep=2)
+    a, b = object(), object()
+    assert endpoints.get(a, make) is endpoints.get(a, make)  # one per engine
+    endpoints.get(b, make)
+    with made[0].lock:  # a batch runs on a's endpoint: it is not retired, though least recently used
+        endpoints.get(object(), make)
+    assert [ep.server.closed or ep.worker.closed for ep in made] == [False, True, False]
+    endpoints.close()
+    assert all(ep.server.closed and ep.worker.closed for ep in made)
+    with pytest.raises(RuntimeError, match="closed"):  # a producer still running after close starts nothing
+        endpoints.get(a, make)
+
+
 # -- through the endpoint -----------------------------------------------------------------------------
 def test_an_episode_is_the_sampled_ids_with_what_came_between(engine_and_tok):
     engine, tok = engine_and_tok
-    gen = sampler(engine_and_tok, two_calls)
-    gen._serve(engine).service.stop_ids = digits_stop(tok)
+    gen = sampler(engine_and_tok, two_calls_crc, stop_ids=digits_stop(tok))
     try:
         groups, metrics = gen.generate(engine, PROMPTS, [2, 2], seed=5)
         assert metrics["harness/calls_mean"] == 2 and metrics["harness/failed"] == 0
-        assert gen._server.service.episodes == {}  # nothing outlives its episode
+        assert gen.server(engine).service.episodes == {}  # nothing outlives its episode
+        finals = set()
         for g in groups:
             for r in g.rollouts:
-                assert r.failure is None and r.env_reward in (0.0, 1.0)
+                # the harness's reward names the last reply it got: the reward is this episode's, and what a
+                # verifier reads (the last message, the completion text) is that reply
+                final = r.messages[-1]
+                assert r.failure is None and final["role"] == "assistant"
+                assert r.env_reward == crc(final["content"]) == crc(r.completion_text)
+                finals.add(final["content"])
                 assert not r.segments
                 inserted = [i for i, w in zip(r.completion_ids, r.loss_weights) if w == 0]
                 # a first turn ended by a stop id is continued from its ids; one cut by max_tokens is rendered
@@ -115,11 +156,61 @@ def test_an_episode_is_the_sampled_ids_with_what_came_between(engine_and_tok):
                     logits = engine.model(ids).logits[0, len(r.prompt_ids) - 1:-1]
                 own = logits.log_softmax(-1).gather(-1, torch.tensor(r.completion_ids)[:, None])[:, 0]
                 assert torch.allclose(torch.tensor(r.behavior_logprobs)[sampled], own[sampled], atol=1e-4)
+        assert len(finals) > 1  # the episodes' replies differ: a reward handed to the wrong episode would show
         again, _ = gen.generate(engine, PROMPTS, [2, 2], seed=5)  # a seed fixes the episodes
         assert [r.completion_ids for g in again for r in g.rollouts] == \
                [r.completion_ids for g in groups for r in g.rollouts]
     finally:
         gen.close()
+
+
+def test_the_main_segment_is_the_one_holding_the_final_call(engine_and_tok):
+    """main → side call → main: the episode's rollout (what the verifier reads) is the main conversation's
+    segment, ending with the final call's reply — not the side call's, though that segment was made last."""
+    engine, tok = engine_and_tok
+    gen = sampler(engine_and_tok, main_side_main, stop_ids=digits_stop(tok))
+    try:
+        groups, metrics = gen.generate(engine, PROMPTS, [2, 2], seed=3)
+    finally:
+        gen.close()
+    assert metrics["harness/failed"] == 0
+    for g in groups:
+        for r in g.rollouts:
+            assert any("side" in tok.decode(s.prompt_ids) for s in r.segments)  # the side call rides along
+            assert "side" not in tok.decode(r.prompt_ids) and g.prompt.text in tok.decode(r.prompt_ids)
+            last = r.turns[-1]
+            final = tok.decode(r.completion_ids[last.start:last.end], skip_special_tokens=True)
+            assert r.env_reward == crc(final) == crc(r.messages[-1]["content"]) == crc(r.completion_text)
+    # where the final call continued the first one token for token, main is the segment made first
+    assert any(len(r.turns) == 2 for g in groups for r in g.rollouts)
+
+
+def test_with_n_choices_the_main_segment_is_choice_0_of_the_final_call(engine_and_tok):
+    engine, tok = engine_and_tok
+    gen = sampler(engine_and_tok, n_choices)
+    try:
+        groups, metrics = gen.generate(engine, PROMPTS[:1], [2], seed=4)
+    finally:
+        gen.close()
+    assert metrics["harness/failed"] == 0 and metrics["harness/segments_mean"] == 3
+    for r in groups[0].rollouts:
+        texts = {tok.decode(s.completion_ids, skip_special_tokens=True) for s in [r, *r.segments]}
+        assert len(texts) > 1  # the choices differ: the test can tell them apart
+        assert r.env_reward == crc(r.completion_text) == crc(r.messages[-1]["content"])
+
+
+def test_an_episode_samples_at_most_max_new_tokens_whatever_its_harness_does(engine_and_tok):
+    """A harness that starts a fresh conversation on every call (each a new segment) cannot sample more than
+    rollout.max_new_tokens in the whole episode: the budget counts every segment and choice."""
+    engine, _ = engine_and_tok
+    gen = sampler(engine_and_tok, rewrites_forever, max_new_tokens=24)
+    try:
+        groups, metrics = bounded(gen.generate, engine, PROMPTS[:1], [2], 6)
+    finally:
+        gen.close()
+    for r in groups[0].rollouts:
+        sampled = sum(sum(s.loss_weights) if s.loss_weights else len(s.completion_ids) for s in [r, *(r.segments or [])])
+        assert r.failure is None and 0 < sampled <= 24
 
 
 def test_a_rewritten_history_trains_as_two_segments_of_one_episode(engine_and_tok):
@@ -143,26 +234,73 @@ def test_a_rewritten_history_trains_as_two_segments_of_one_episode(engine_and_to
     assert r.segments[0].advantage == [r.advantage[0]] * len(r.segments[0].completion_ids)
 
 
-@pytest.mark.parametrize("harness, timeout, says", [(raises, 60.0, "raised RuntimeError: harness bug"),
-                                                     (hangs, 0.2, "ran past rollout.harness_timeout")])
-def test_a_harness_that_crashes_or_hangs_scores_zero_with_the_reason(engine_and_tok, harness, timeout, says):
+def test_a_harness_that_crashes_scores_zero_with_the_reason(engine_and_tok):
     from rollwise.filter.rewards import RewardFn, score_groups
 
     engine, _ = engine_and_tok
-    gen = sampler(engine_and_tok, harness, timeout=timeout)
+    gen = sampler(engine_and_tok, raises)
     try:
         groups, metrics = gen.generate(engine, PROMPTS[:1], [2], seed=0)
         assert metrics["harness/failed"] == 1.0
-        assert gen._server.service.episodes == {}
-        ok = sampler(engine_and_tok, two_calls)  # the engine and a new endpoint still serve
-        assert ok.generate(engine, PROMPTS[:1], [1], seed=0)[1]["harness/failed"] == 0
-        ok.close()
+        assert gen.server(engine).service.episodes == {}
     finally:
         gen.close()
     always = RewardFn("always", lambda prompts, completions, **_: [1.0] * len(completions))
     score_groups(groups, [always])
     for r in groups[0].rollouts:
+        says = "raised RuntimeError: harness bug"
         assert says in r.failure and r.reward == 0.0 and says in r.reward_reasons["failure"]
+
+
+def test_a_harness_past_its_timeout_has_its_calls_aborted_in_the_engine(engine_and_tok):
+    """Each episode's call is in flight when its timeout strikes (the stalled engine never finishes one): the
+    episode scores 0 with the reason, its call is aborted in the engine, and the engine then serves on."""
+    from rollwise.filter.rewards import RewardFn, score_groups
+
+    engine, _ = engine_and_tok
+    gen = sampler(engine_and_tok, hangs, timeout=4.0)
+    aborted = engine.stats.aborted
+    try:
+        groups, metrics = bounded(gen.generate, Stalled(engine), PROMPTS[:1], [2], 0)
+    finally:
+        gen.close()
+    assert metrics["harness/failed"] == 1.0
+    assert engine.stats.aborted - aborted == 2  # one call per episode, aborted when its episode ended
+    ok = sampler(engine_and_tok, two_calls)  # the engine and a new endpoint still serve
+    try:
+        assert ok.generate(engine, PROMPTS[:1], [1], seed=0)[1]["harness/failed"] == 0
+    finally:
+        ok.close()
+    always = RewardFn("always", lambda prompts, completions, **_: [1.0] * len(completions))
+    score_groups(groups, [always])
+    for r in groups[0].rollouts:
+        says = "ran past rollout.harness_timeout (4 s)"
+        assert says in r.failure and r.reward == 0.0 and says in r.reward_reasons["failure"]
+
+
+@pytest.mark.parametrize("harness", [sleeps, spins], ids=["time.sleep", "cpu-loop"])
+def test_a_harness_that_blocks_its_event_loop_ends_at_its_timeout_and_the_next_step_runs(engine_and_tok, harness):
+    """A blocking call or a loop that never yields, inside the harness coroutine, cannot stall the engine or
+    outlive rollout.harness_timeout: the episodes fail with the reason, counted, and the next step works."""
+    from rollwise.filter.rewards import RewardFn, score_groups
+
+    engine, _ = engine_and_tok
+    gen = sampler(engine_and_tok, harness, timeout=2.0)
+    try:
+        stuck, metrics = bounded(gen.generate, engine, [Prompt("h", HANG_PROMPT)], [2], 0)
+        assert metrics["harness/failed"] == 1.0
+        assert metrics["harness/restarts"] == 1  # its process did not answer: killed
+        # the next step, on a new process (a copy of the sampler shares its endpoints and processes; a longer
+        # timeout so a loaded machine cannot fail these episodes)
+        groups, metrics = bounded(replace(gen, timeout=60.0).generate, engine, PROMPTS[:1], [2], 0)
+        assert metrics["harness/failed"] == 0 and metrics["harness/calls_mean"] == 2
+        assert gen.server(engine).service.episodes == {}
+    finally:
+        gen.close()
+    always = RewardFn("always", lambda prompts, completions, **_: [1.0] * len(completions))
+    score_groups(stuck, [always])
+    for r in stuck[0].rollouts:
+        assert "rollout.harness_timeout (2 s)" in r.failure and r.reward == 0.0
 
 
 def test_bad_harness_specs_are_config_errors():
@@ -171,35 +309,58 @@ def test_bad_harness_specs_are_config_errors():
     with pytest.raises(ConfigError, match="cannot import module"):
         load_harness("no_such_module_xyz:rollout")
     with pytest.raises(ConfigError, match="must be an `async def not_async"):
-        load_harness("test_harness:not_async")
-    assert asyncio.iscoroutinefunction(load_harness("test_harness:two_calls"))
+        load_harness("harness_agents:not_async")
+    assert asyncio.iscoroutinefunction(load_harness("harness_agents:two_calls"))
 
 
 # -- training -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", [[], ["train.mode=async", "train.max_staleness=1", "train.generation_threads=1"]],
-                         ids=["sync", "async"])
-def test_rl_steps_on_harness_episodes_move_the_policy(tmp_path, mode):
+BASE = ["task.max_digits=2", "task.eval_size=4", "rollout.prompts_per_step=2", "rollout.num_generations=4",
+        "rollout.max_new_tokens=30", "rollout.harness=harness_agents:two_calls", "optim.micro_batch_size=8",
+        "model.threads=1", "train.eval_samples=0", "optim.lr=1e-2"]
+
+
+def test_rl_steps_on_harness_episodes_move_the_policy(tmp_path):
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
 
-    cfg = load_run_config(None, [f"output_dir={tmp_path}", "task.max_digits=2", "task.eval_size=4",
-                                 "rollout.prompts_per_step=2", "rollout.num_generations=4", "rollout.max_new_tokens=30",
-                                 "rollout.harness=test_harness:two_calls", "optim.micro_batch_size=8",
-                                 "model.threads=1", "train.eval_samples=0", "optim.lr=1e-2", *mode])
-    with Trainer(cfg) as trainer:
+    with Trainer(load_run_config(None, [f"output_dir={tmp_path}", *BASE])) as trainer:
         trainer.prepare()
         before = [p.detach().clone() for p in trainer.model.parameters()]
         metrics = [trainer.step() for _ in range(3)]
         assert all(m["harness/calls_mean"] == 2 for m in metrics)
         assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
-        if not mode:  # the endpoint serves the updated policy: what it samples now carries the new version
-            groups, _ = trainer.generator.generate(trainer.engine, PROMPTS[:1], [1], seed=0)
-            assert trainer.engine.version == 3
-            assert set(groups[0].rollouts[0].versions) == {3}
+        # the endpoint serves the updated policy: what it samples now carries the new version
+        groups, _ = trainer.generator.generate(trainer.engine, PROMPTS[:1], [1], seed=0)
+        assert trainer.engine.version == 3
+        assert set(groups[0].rollouts[0].versions) == {3}
     for bad, says in [(["rollout.environment=calculator"], "choose one"), (["rollout.strategy=tree"], "strategy=group")]:
         with pytest.raises(ConfigError, match=says):
-            Trainer(load_run_config(None, [f"output_dir={tmp_path}/b", "rollout.harness=test_harness:two_calls",
+            Trainer(load_run_config(None, [f"output_dir={tmp_path}/b", "rollout.harness=harness_agents:two_calls",
                                            *bad])).prepare()
+
+
+def test_async_training_with_evals_keeps_every_endpoint_and_leaks_none(tmp_path):
+    """train.mode=async evaluates on the trainer's engine while the producer samples on its own: an eval
+    never closes the producer's endpoint (every episode after the first eval would fail and score 0), and
+    closing the trainer stops every endpoint and harness process the run started."""
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+
+    cfg = load_run_config(None, [f"output_dir={tmp_path}", *BASE, "train.mode=async", "train.max_staleness=1",
+                                 "train.generation_threads=1", "train.eval_every=1", "train.steps=4"])
+    threads = set(threading.enumerate())
+    steps, evals = [], []
+    with Trainer(cfg) as trainer:
+        trainer.prepare()
+        bounded(trainer.fit, None, lambda step, m: steps.append(m), lambda step, r: evals.append(r), limit=300)
+    assert len(steps) == 4 and len(evals) == 5  # at the start and after every step
+    assert [m["harness/failed"] for m in steps] == [0.0] * 4
+    assert sum(m["reward/mean"] for m in steps[1:]) > 0  # episodes after the first eval still score
+    assert not [s["reasons"]["failure"] for e in evals for s in e.samples if "failure" in s["reasons"]]
+    started = [t for t in threading.enumerate() if t not in threads and t.name.startswith("rollwise-")]
+    for t in started:
+        t.join(timeout=30)  # a harness process's reader ends when the process has
+    assert not [t.name for t in started if t.is_alive()]  # no endpoint or harness process outlives the run
 
 
 # -- the same episodes as the in-process environment ----------------------------------------------------

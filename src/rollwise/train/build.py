@@ -117,7 +117,9 @@ def harness_sampler(rollout, params, tokenizer, controller):
         fmt = tool_format(rollout.tool_format, tokenizer)
     except ValueError as err:
         raise ConfigError(f"rollout.tool_format: {err}") from None
-    return HarnessSampler(params, tokenizer, fmt, load_harness(rollout.harness), rollout.harness_timeout)
+    load_harness(rollout.harness)  # a ConfigError here, not in the harness worker process
+    return HarnessSampler(params, tokenizer, fmt, rollout.harness, rollout.harness_timeout,
+                          max_segments=rollout.harness_max_segments)
 
 
 def episode_sampler(rollout, params, tokenizer, controller):

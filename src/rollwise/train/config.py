@@ -80,6 +80,9 @@ class RolloutConfig(StrictModel):
         "serves on 127.0.0.1); its calls are trained token-faithfully (pip install 'rollwise[serve]'; docs/serve.md)")
     harness_timeout: float = Field(300.0, gt=0, description="seconds a harness episode may run before it scores 0 "
                                    "(its unfinished requests are aborted)")
+    harness_max_segments: int = Field(16, ge=1, description="segments a harness episode may start (a call that "
+                                      "rewrites its history, or each extra choice of n > 1, starts one); a call past "
+                                      "it ends the episode, as rollout.max_new_tokens does")
     tool_format: Literal["auto", "hermes", "plain"] = Field(
         "auto", description="how a turn calls tools: hermes (<tool_call>{json}</tool_call>, results through the chat "
         "template), plain (<call>name(args)</call>, results as <result>..</result>), auto = hermes with a chat template")

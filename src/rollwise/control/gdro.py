@@ -188,9 +188,11 @@ class Gdro(Controller):
             if not g.rollouts:
                 continue
             rec = stats.get(g.prompt.id)
-            before = PromptRecord(attempts=rec.attempts - len(g.rollouts),
-                                  successes=rec.successes - g.num_correct)
-            losses[difficulty_bin(before, self.cfg.k)].append(loss_at_stake(g.rewards, self.cfg.clip))
+            live = [r for r in g.rollouts if r.failure is None]  # what PromptStats.observe added
+            if not live:
+                continue
+            before = PromptRecord(attempts=rec.attempts - len(live), successes=rec.successes - sum(r.correct for r in live))
+            losses[difficulty_bin(before, self.cfg.k)].append(loss_at_stake(g.live_rewards, self.cfg.clip))
         for b, ls in enumerate(losses):
             if ls:
                 self.scores[b] = self.cfg.ema * self.scores[b] + (1 - self.cfg.ema) * float(np.mean(ls))

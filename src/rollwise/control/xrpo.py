@@ -164,7 +164,7 @@ class XrpoAlloc(Controller):
 
     def extend(self, groups: list[RolloutGroup], stats: PromptStats, remaining: int) -> list[int]:
         counts = [len(g.rollouts) for g in groups]
-        stds = [sample_std(g.rewards) for g in groups]
+        stds = [sample_std(g.live_rewards) for g in groups]  # failed rollouts say nothing about the prompt
         cap = self.cfg.max_factor * self.num_generations
         bonus = self.cfg.bonus * math.sqrt(math.log1p(self.step))
         extra = xrpo_allocation(counts, stds, remaining, self.cfg.chunk, cap, bonus, self.cfg.alpha)

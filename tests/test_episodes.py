@@ -231,6 +231,39 @@ def test_the_environment_reward_is_a_component():
     assert groups[0].rollouts[0].turns[1].state == "7:correct"
 
 
+def no_answer_script(prompt_text: str) -> str:
+    """Asks the calculator for the right number, then answers without it."""
+    return "I cannot say" if "<result>" in prompt_text else '<call>calculate("12*34")</call>'
+
+
+def test_the_verifier_reads_the_final_turn_not_the_tool_output():
+    """The calculator's result holds the right number and the final turn does not: scored 0 (before, the
+    verifier read every message joined, and a lenient reader took the tool's 408 as the answer)."""
+    from rollwise.filter.math_answer import math_answer
+    from rollwise.filter.rewards import RewardFn, score_groups
+
+    tok = char_tokenizer()
+    (group,), _ = sampler(tok).generate(ScriptedEngine(tok, no_answer_script),
+                                        [Prompt("p", "What is 12*34? ", answer="408")], [1], seed=0)
+    (r,) = group.rollouts
+    assert r.messages[1]["content"] == "408" and r.messages[-1] == {"role": "assistant", "content": "I cannot say"}
+    assert r.completion_text == "I cannot say"  # the final turn's sampled ids, decoded alone
+    score_groups([group], [RewardFn("math", math_answer)])
+    assert r.reward == 0.0
+    (right,), _ = sampler(tok).generate(ScriptedEngine(tok, calculator_script),
+                                        [Prompt("p", "What is 12*34? ", answer="408")], [1], seed=0)
+    score_groups([right], [RewardFn("math", math_answer)])
+    assert right.rollouts[0].reward == 1.0  # the same verifier on a final turn that answers
+
+
+def test_messages_end_with_the_final_turn_when_the_budget_cuts_the_results():
+    tok = char_tokenizer()
+    (group,), _ = sampler(tok, max_new_tokens=40).generate(
+        ScriptedEngine(tok, calculator_script), [Prompt("p", "q ")], [1], seed=0)
+    (r,) = group.rollouts
+    assert r.finish_reason == "length" and r.messages == [{"role": "assistant", "content": '<call>calculate("12*34")</call>'}]
+
+
 # -- hermes through a chat template (ChatML, which ignores `tools`, as SmolLM2's does) ----------------
 @pytest.fixture(scope="module")
 def chat_tok(tmp_path_factory):
@@ -285,7 +318,7 @@ class NoResume:
         return self.engine.run_until(condition)
 
 
-def _tiny_episodes(engine_wrap=lambda e: e):
+def _tiny_episodes(engine_wrap=lambda e: e, max_new_tokens=120, max_turns=3):
     import torch
 
     from rollwise.engine.slots import SlotEngine
@@ -294,8 +327,8 @@ def _tiny_episodes(engine_wrap=lambda e: e):
     model, tok = build_tiny("tiny", seed=0)
     engine = SlotEngine(model, pad_token_id=tok.pad_token_id, max_batch_size=8, seed=0)
     stops = tuple(tok(c, add_special_tokens=False)["input_ids"][0] for c in "abcdefghij0123456789")
-    params = SamplingParams(temperature=1.0, max_new_tokens=120, stop_token_ids=stops + (tok.eos_token_id,))
-    sampler = EpisodeSampler(params, tok, lambda: EpisodeEnv(Calculator(), 5.0, 2000), AlwaysCall(), max_turns=3)
+    params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop_token_ids=stops + (tok.eos_token_id,))
+    sampler = EpisodeSampler(params, tok, lambda: EpisodeEnv(Calculator(), 5.0, 2000), AlwaysCall(), max_turns=max_turns)
     prompts = [Prompt(f"p{i}", f"q{i}: ", token_ids=[]) for i in range(2)]
     groups, _ = sampler.generate(engine_wrap(engine), prompts, [2, 2], seed=3)
     return model, tok, engine, groups, torch
@@ -322,17 +355,34 @@ def test_slot_engine_episodes_keep_the_cache_and_equal_the_naive_loop():
         assert tok.decode([i for i, w in zip(r.completion_ids, r.loss_weights) if w == 0]).count("<result>42</result>") == 2
 
 
+def test_max_new_tokens_bounds_an_episodes_sampled_and_inserted_ids_together():
+    """rollout.max_new_tokens is an episode's budget across all its turns (one chain in one slot), on
+    the slot engine (turns resumed from the cache) and on the naive loop alike."""
+    for wrap in (lambda e: e, NoResume):
+        _, _, _, groups, _ = _tiny_episodes(wrap, max_new_tokens=30, max_turns=6)
+        rollouts = [r for g in groups for r in g.rollouts]
+        assert all(len(r.completion_ids) <= 30 for r in rollouts)
+        assert max(len(r.turns) for r in rollouts) >= 2  # several turns share the one budget
+
+
 # -- training on episodes ---------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", [[], ["train.mode=async", "train.max_staleness=1", "train.generation_threads=1"],
                                   ["replay.method=rollout_replay"]], ids=["sync", "async", "replay"])
-def test_rl_steps_on_episodes_train_the_sampled_ids_only(tmp_path, mode):
+def test_rl_steps_on_episodes_train_the_sampled_ids_only(tmp_path, mode, monkeypatch):
+    """Through the real build path (the trainer's build_batch), every batch row trains exactly the ids
+    the engine sampled (each turn's span) and none of the ids the environment inserted."""
     from dataclasses import replace
 
     import torch
 
+    import rollwise.train.loop as loop
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
 
+    built = []  # (groups, batch) of every update
+    real_build = loop.build_batch
+    monkeypatch.setattr(loop, "build_batch", lambda groups, *a, **k: built.append((groups, real_build(groups, *a, **k)))
+                        or built[-1][1])
     cfg = load_run_config(None, [f"output_dir={tmp_path}", "task.max_digits=2", "task.eval_size=4",
                                  "rollout.prompts_per_step=2", "rollout.num_generations=4", "rollout.max_new_tokens=60",
                                  "rollout.environment=calculator", "rollout.max_turns=3", "optim.micro_batch_size=8",
@@ -352,6 +402,23 @@ def test_rl_steps_on_episodes_train_the_sampled_ids_only(tmp_path, mode):
         metrics = [trainer.step() for _ in range(2)]
         assert all(m["episode/tool_calls"] > 0 and m["episode/turns_mean"] > 1 for m in metrics)
         assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    assert built and any(r.turns and len(r.turns) > 1 for groups, _ in built for g in groups for r in g.rollouts)
+    inserted_seen = 0
+    for groups, batch in built:
+        rows = [r for g in groups for r in g.rollouts]
+        assert batch.loss_weights.shape[0] == len(rows)
+        for i, r in enumerate(rows):
+            p, c = len(r.prompt_ids), len(r.completion_ids)
+            assert batch.input_ids[i, p: p + c].tolist() == r.completion_ids  # the exact ids, not re-tokenized
+            sampled = torch.zeros_like(batch.loss_weights[i], dtype=torch.bool)
+            for t in r.turns:  # column p-1+j scores completion id j
+                sampled[p - 1 + t.start: p - 1 + t.end] = True
+            trained = batch.loss_weights[i] > 0
+            assert torch.equal(trained, sampled), f"row {i}: trained positions differ from the sampled ones"
+            inserted = [r.completion_ids[j] for j in range(c) if not sampled[p - 1 + j]]
+            inserted_seen += len(inserted)
+            assert tok.decode(inserted).count("<result>42</result>") == len(r.turns) - 1
+    assert inserted_seen > 0
     # a wrong config is refused with the fix
     with pytest.raises(ConfigError, match="rollout.strategy=group"):
         Trainer(load_run_config(None, [f"output_dir={tmp_path}/b", "rollout.environment=calculator",

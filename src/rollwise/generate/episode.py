@@ -207,5 +207,5 @@ class EpisodeSampler(Generator):
         return Rollout(prompt_id=ep.prompt.id, prompt_ids=ep.prompt_ids, completion_ids=ep.ids,
                        behavior_logprobs=ep.logprobs, versions=ep.versions, finish_reason=ep.finish,
                        completion_text=final, loss_weights=weights if ep.forced else None, turns=ep.turns,
-                       messages=ep.messages, env_reward=None if failure else env_reward, failure=failure)
+                       messages=ep.messages, env_reward=env_reward, failure=failure)
 

@@ -213,6 +213,28 @@ def test_an_episode_samples_at_most_max_new_tokens_whatever_its_harness_does(eng
         assert r.failure is None and 0 < sampled <= 24
 
 
+def test_the_run_endpoint_answers_only_its_key_and_the_episodes_it_opened(engine_and_tok):
+    """Nobody else may train the policy: a call without the run's key, or on a tag the run did not open, is
+    refused (the harness's own client sends the key; tests/test_serve.py checks the guard itself)."""
+    import httpx
+
+    engine, _ = engine_and_tok
+    gen, other = sampler(engine_and_tok, two_calls), sampler(engine_and_tok, two_calls)
+    try:
+        server = gen.server(engine)
+        assert gen.api_key != other.api_key and len(gen.api_key) >= 32  # a random key per run
+        body = {"model": "policy", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+        url = f"{server.episode_url('0-0-0')}/chat/completions"
+        assert httpx.post(url, json=body, timeout=30).status_code == 401
+        assert httpx.post(url, json=body, headers={"Authorization": f"Bearer {other.api_key}"},
+                          timeout=30).status_code == 401
+        assert httpx.post(url, json=body, headers={"Authorization": f"Bearer {gen.api_key}"},
+                          timeout=30).status_code == 404  # not an episode the run opened
+    finally:
+        gen.close()
+        other.close()
+
+
 def test_a_rewritten_history_trains_as_two_segments_of_one_episode(engine_and_tok):
     from rollwise.optim.batch import build_batch
     from rollwise.optim.objective import ObjectiveConfig, assign_advantages

@@ -34,7 +34,9 @@ class EvalResult:
 
 def _groups(engine: Engine, prompts: list[Prompt], params: SamplingParams, n: int, decode, seed: int,
             episodes=None):
-    if episodes is not None:  # multi-turn: the run's EpisodeSampler with these sampling settings
+    if episodes is not None:  # multi-turn: the run's EpisodeSampler (or HarnessSampler) with these sampling settings
+        # the copy shares the sampler's endpoints (a harness's): it serves this engine from its own, never
+        # closing another engine's (async mode's producer), and the trainer's close() stops them all
         groups, _ = replace(episodes, params=params).generate(engine, prompts, [n] * len(prompts), seed * 7919)
         return groups
     requests = [Request(p.token_ids, replace(params, seed=seed * 7919 + i)) for p in prompts for i in range(n)]

@@ -322,3 +322,38 @@ def test_an_environment_whose_only_constructor_raises_is_a_config_error():
             episode_envs("h3_never_env:Never", 1.0, 100)
     finally:
         del sys.modules["h3_never_env"]
+
+
+# -- 5. python_tool's sandbox is built when the environment loads, from the run's settings ------------
+@pytest.fixture
+def no_bubblewrap(monkeypatch):
+    """This machine as one without bubblewrap: the sandbox's availability check reports it missing."""
+    import dataclasses
+
+    from rollwise.filter.sandbox import pool
+
+    real = pool.detect
+    monkeypatch.setattr(pool, "detect", lambda *a, **k: dataclasses.replace(
+        real(*a, **k), bwrap=None, bwrap_note="not installed (simulated)"))
+
+
+def test_python_tool_without_its_sandbox_is_a_config_error_at_load(no_bubblewrap):
+    with pytest.raises(ConfigError, match=r"rollout.environment=python_tool runs the model's code in the run's sandbox"
+                                          r".*bubblewrap: not installed \(simulated\).*sandbox.isolation=best_effort"):
+        episode_envs("python_tool", 5.0, 200)
+
+
+def test_python_tool_uses_the_runs_sandbox_settings(tmp_path, no_bubblewrap):
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+
+    args = [f"output_dir={tmp_path}", "rollout.environment=python_tool", "model.threads=1", "train.eval_samples=0"]
+    with pytest.raises(ConfigError, match="sandbox.isolation=best_effort"):
+        with Trainer(load_run_config(None, args)) as trainer:
+            trainer.prepare()
+    with Trainer(load_run_config(None, [*args, "sandbox.isolation=best_effort", "sandbox.workers=1"])) as trainer:
+        trainer.prepare()  # the run's choice of weaker isolation: the tool runs in the run's own sandbox
+        env = trainer.generator.envs()
+        assert env.env.sandbox is trainer.sandbox and trainer.sandbox.started
+        env.reset({})
+        assert env.call(ToolCall("run_python", {"code": "print(6 * 7)"})).text == "42"

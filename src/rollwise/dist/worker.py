@@ -64,7 +64,7 @@ class RolloutWorker:
             from rollwise.generate.episode import EpisodeSampler
             from rollwise.tasks.environment import episode_parts
 
-            envs, fmt = episode_parts(cfg.rollout, self.tokenizer)
+            envs, fmt = episode_parts(cfg.rollout, self.tokenizer, self.sandbox)
             self.generator = EpisodeSampler(params, self.tokenizer, envs, fmt, cfg.rollout.max_turns)
         else:
             self.generator = build_generator(cfg.rollout, params, self.decode)

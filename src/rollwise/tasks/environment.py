@@ -109,10 +109,11 @@ class EpisodeEnv:
             name: Tool(name, getattr(env, name, t.fn), t.schema) for name, t in schemas.items()}
 
     @classmethod
-    def build(cls, env_cls, timeout: float, max_chars: int, schemas: dict[str, Tool]) -> "EpisodeEnv":
-        """``env_cls()`` as an episode's environment; a constructor that raises is a failed episode."""
+    def build(cls, env_cls, timeout: float, max_chars: int, schemas: dict[str, Tool], make=None) -> "EpisodeEnv":
+        """``make()`` (default ``env_cls()``) as an episode's environment; a constructor that raises is a
+        failed episode."""
         try:
-            env = env_cls()
+            env = (make or env_cls)()
         except Exception as err:  # the environment's bug: this episode scores 0, the run goes on
             return cls(None, timeout, max_chars, schemas, failure=_failed(env_cls, "the constructor", err))
         return cls(env, timeout, max_chars, schemas)
@@ -246,33 +247,58 @@ def _failed(env_cls, what: str, err: Exception, row: dict | None = None) -> str:
     return f"{where} raised {type(err).__name__}: {err}"[:1000] + on
 
 
-def episode_parts(rollout, tokenizer) -> tuple[Callable[[], object], object]:
+def episode_parts(rollout, tokenizer, sandbox=None) -> tuple[Callable[[], object], object]:
     """``rollout.environment`` and ``rollout.tool_format`` (a ``RolloutConfig``) as what an
-    ``EpisodeSampler`` takes: a factory of episode environments and the ``ToolFormat``."""
+    ``EpisodeSampler`` takes: a factory of episode environments and the ``ToolFormat``. ``sandbox``:
+    the run's ``filter.sandbox.Sandbox``, for environments that run code in it (``python_tool``)."""
     from rollwise.tasks.tool_calls import tool_format
 
     try:
         fmt = tool_format(rollout.tool_format, tokenizer)
     except ValueError as err:
         raise ConfigError(f"rollout.tool_format: {err}") from None
-    return episode_envs(rollout.environment, rollout.tool_timeout, rollout.tool_output_chars), fmt
+    return episode_envs(rollout.environment, rollout.tool_timeout, rollout.tool_output_chars, sandbox), fmt
 
 
-def episode_envs(spec: str, timeout: float, max_chars: int) -> Callable[[], object]:
+def episode_envs(spec: str, timeout: float, max_chars: int, sandbox=None) -> Callable[[], object]:
     """``rollout.environment`` as a factory of episode environments (checked now: one instance is built
     for the tools' schemas). A class runs in a worker process (``WorkerEnvs``) unless it says
-    ``in_process = True`` (it bounds its own run time, as ``python_tool``'s sandbox does)."""
+    ``in_process = True`` (it bounds its own run time, as ``python_tool``'s sandbox does). A class that
+    says ``uses_sandbox = True`` is built as ``cls(sandbox=...)`` with ``sandbox`` (None: a default one),
+    started now: a sandbox that cannot start here is a ConfigError naming the fix."""
     cls = load_environment(spec)
     if spec.startswith("openenv:"):  # an OpenEnvServer: its episodes are sessions with it (tasks/openenv.py)
         return cls.episodes(timeout, max_chars)
+    make = cls
+    if getattr(cls, "uses_sandbox", False):
+        started = started_sandbox(sandbox, spec)
+        make = lambda: cls(sandbox=started)  # noqa: E731
     try:
-        probe = cls()
+        probe = make()
     except Exception as err:
         raise ConfigError(f"rollout.environment: {spec!r}: {_failed(cls, 'the constructor', err)}") from None
     schemas = tools_of(probe)  # once, and its errors at config time, not mid-run
     if getattr(cls, "in_process", False):
-        return lambda: EpisodeEnv.build(cls, timeout, max_chars, schemas)
+        return lambda: EpisodeEnv.build(cls, timeout, max_chars, schemas, make)
     return WorkerEnvs(cls, timeout, max_chars, schemas)
+
+
+def started_sandbox(sandbox, spec: str):
+    """``sandbox`` (None: a one-worker default, closed at exit) with its workers started, or a ConfigError
+    saying why it cannot start here and the fix (install bubblewrap, or sandbox.isolation=best_effort)."""
+    import atexit
+
+    from rollwise.filter.sandbox import Sandbox, SandboxConfig, SandboxUnavailable
+
+    if sandbox is None:
+        sandbox = Sandbox(SandboxConfig(workers=1))
+        atexit.register(sandbox.close)
+    try:
+        sandbox.pool  # noqa: B018 — starting the workers is the point
+    except SandboxUnavailable as err:
+        raise ConfigError(f"rollout.environment={spec} runs the model's code in the run's sandbox, which cannot "
+                          f"start here: {err}") from None
+    return sandbox
 
 
 class WorkerEnvs:

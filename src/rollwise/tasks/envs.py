@@ -94,10 +94,16 @@ def _sandbox():
 
 
 class PythonTool:
-    """Python, run in the sandbox, as a tool."""
+    """Python, run in the sandbox, as a tool. In a run, the run's sandbox (``sandbox.*`` settings),
+    started when the environment loads: a sandbox that cannot start is a ConfigError then, not an
+    error message on every call."""
 
     in_process = True  # its code runs in the sandbox, which kills it at timeout_s: no worker process needed
+    uses_sandbox = True  # rollwise passes the run's Sandbox to the constructor (tasks/environment.py)
     timeout_s = 5.0
+
+    def __init__(self, sandbox=None):
+        self.sandbox = sandbox  # None: a process-wide one, started on the first call (built outside a run)
 
     def reset(self, **row) -> None:
         return None
@@ -108,7 +114,7 @@ class PythonTool:
         Args:
             code: a complete Python program; print the values you need
         """
-        result = _sandbox().pool.run(code, timeout_s=self.timeout_s)
+        result = (self.sandbox or _sandbox()).pool.run(code, timeout_s=self.timeout_s)
         if result.timed_out:
             return f"timed out after {self.timeout_s:g} s"
         if result.returncode != 0:

@@ -122,8 +122,9 @@ def harness_sampler(rollout, params, tokenizer, controller):
                           max_segments=rollout.harness_max_segments)
 
 
-def episode_sampler(rollout, params, tokenizer, controller):
-    """``rollout.environment``'s ``EpisodeSampler``; refuses what episodes do not compose with yet."""
+def episode_sampler(rollout, params, tokenizer, controller, sandbox=None):
+    """``rollout.environment``'s ``EpisodeSampler``; refuses what episodes do not compose with yet.
+    ``sandbox``: the run's, for environments that run code in it (``python_tool``)."""
     from rollwise.generate.episode import EpisodeSampler
     from rollwise.tasks.environment import episode_parts
 
@@ -132,7 +133,7 @@ def episode_sampler(rollout, params, tokenizer, controller):
     if controller.prunes_in_generation or controller.asks_should_continue:
         raise ConfigError("rollout.environment: a controller that prunes or stops rollouts inside generation does not "
                           "work on episodes yet; choose one that selects or allocates (`rollwise list controllers`)")
-    envs, fmt = episode_parts(rollout, tokenizer)
+    envs, fmt = episode_parts(rollout, tokenizer, sandbox)
     if controller.restarts_episodes:  # trace: the second pass restarts episodes from turn prefixes it plans
         from rollwise.generate.trace_episodes import TraceEpisodeSampler
 

@@ -120,7 +120,7 @@ class Trainer:
             self.generator = harness_sampler(self.cfg.rollout, self.sampling, self.tokenizer, controller)
             return
         if self.cfg.rollout.environment is not None:  # every rollout a multi-turn episode
-            self.generator = episode_sampler(self.cfg.rollout, self.sampling, self.tokenizer, controller)
+            self.generator = episode_sampler(self.cfg.rollout, self.sampling, self.tokenizer, controller, self.sandbox)
             return
         self.generator = build_generator(self.cfg.rollout, self.sampling, self.decode, pruner=pruner, gate=gate,
                                          gate_every=controller.continue_every)

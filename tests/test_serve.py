@@ -57,9 +57,10 @@ class StallingEngine(SlotEngine):
         return super().step()
 
 
-def start(engine, tok, fmt):
-    """A started endpoint on ``engine`` with its driver on a daemon thread; ``stop()`` ends both."""
-    server = serve_engine(engine, tok, fmt, model_name=MODEL)
+def start(engine, tok, fmt, **options):
+    """A started endpoint on ``engine`` with its driver on a daemon thread; ``stop()`` ends both
+    (``options``: ``serve_engine``'s)."""
+    server = serve_engine(engine, tok, fmt, model_name=MODEL, **options)
     halt = threading.Event()
     driver = threading.Thread(target=server.drive, args=(halt.is_set,), daemon=True)
     driver.start()
@@ -633,8 +634,9 @@ def free_port() -> int:
 
 
 def test_rollwise_serve_tiny_answers_an_openai_client():
+    """... with the API key from ROLLWISE_API_KEY (a request without it: 401)."""
     port = free_port()
-    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    env = os.environ | {"OMP_NUM_THREADS": "1", "ROLLWISE_API_KEY": "sesame"}
     proc = subprocess.Popen([sys.executable, "-m", "rollwise.cli", "serve", "tiny", "--port", str(port),
                              "--max-tokens", "8", "--max-batch-size", "4"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -649,7 +651,8 @@ def test_rollwise_serve_tiny_answers_an_openai_client():
                 return False
 
         wait_for(healthy, "rollwise serve to start", bound=120)
-        with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as client:
+        assert httpx.get(url + "/v1/models").status_code == 401
+        with openai.OpenAI(base_url=url + "/v1", api_key="sesame", max_retries=0) as client:
             assert [m.id for m in client.models.list().data] == ["tiny"]
             r = client.chat.completions.create(model="tiny", messages=HI, seed=0)
         assert r.usage.completion_tokens == 8 and r.choices[0].finish_reason == "length"  # --max-tokens

@@ -166,6 +166,13 @@ def serve(
     tool_format: Annotated[str, typer.Option(help="tool-call format: auto (hermes with a chat template, else plain) "
                                                   "| hermes | plain")] = "auto",
     max_tokens: Annotated[int, typer.Option(help="completion cap when a request sets no max_tokens")] = 512,
+    api_key: Annotated[str | None, typer.Option(envvar="ROLLWISE_API_KEY", show_envvar=True,
+                                                help="clients must send it (Authorization: Bearer); required "
+                                                     "when --host is not loopback")] = None,
+    max_model_len: Annotated[int, typer.Option(help="most prompt + max_tokens a request may ask (the engine's "
+                                                    "cache grows to the longest one; 0 = the model's context)")] = 4096,
+    kv_cache_mb: Annotated[float, typer.Option(help="MB of episode caches kept to continue from")] = 1024.0,
+    max_body_mb: Annotated[float, typer.Option(help="largest request body, MB (413 past it)")] = 8.0,
 ):
     """An OpenAI-compatible /v1/chat/completions on the engine, until Ctrl-C (docs/serve.md)."""
     import signal
@@ -182,6 +189,12 @@ def serve(
     except ImportError as err:
         raise ConfigError(f"rollwise serve needs the serve extra ({err.name} is missing): "
                           "pip install 'rollwise[serve]'") from None
+    from rollwise.serve.app import LOOPBACK
+
+    if host.lower().strip("[]") not in LOOPBACK and not api_key:
+        raise ConfigError(f"--host {host} is not loopback: anyone who can reach it could sample (and, in a run, "
+                          "train) the model — pass --api-key KEY (or set ROLLWISE_API_KEY), e.g. "
+                          "--api-key $(python -c 'import secrets; print(secrets.token_urlsafe())')")
     cfg = ModelConfig(preset=model) if model in PRESETS else ModelConfig(path=model)
     with console.status(f"loading {model}"):
         policy, tok = load_model_and_tokenizer(cfg, seed=seed)
@@ -194,7 +207,8 @@ def serve(
     served = name or (model if model in PRESETS else path.stem if path.suffix.lower() == ".gguf" else path.name)
     try:
         server = serve_engine(engine, tok, fmt, model_name=served, seed=seed, default_max_tokens=max_tokens,
-                              host=host, port=port)
+                              host=host, port=port, api_key=api_key, max_model_len=max_model_len or None,
+                              kv_cache_mb=kv_cache_mb, max_body_mb=max_body_mb)
     except RuntimeError as err:  # the port is taken
         raise ConfigError(str(err)) from None
     console.print(f"serving '{served}' ({fmt.name} tool calls) at {server.url} — Ctrl-C stops", highlight=False,

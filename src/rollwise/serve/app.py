@@ -204,8 +204,10 @@ class Server:
 
         self.service, self.api_key = service, api_key
         app = create_app(service, api_key=api_key, host=host, max_body_mb=max_body_mb)
+        # keep-alive past the clients' own idle expiry (httpx, hence openai: 5 s): the client closes an idle
+        # connection first, never the server under a request the client has just sent on it (a ReadError)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=1)
+                                timeout_graceful_shutdown=1, timeout_keep_alive=60)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="rollwise-serve", daemon=True)
         self._thread.start()

@@ -29,7 +29,7 @@ import json
 import zlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from rollwise.engine.engine import Completion, Request
 from rollwise.engine.sampling import SamplingParams
@@ -44,6 +44,7 @@ __all__ = ["ChatService", "Call", "Choice", "EpisodeLog"]
 
 TAGGED, UNTAGGED = 1, 2  # seed-derivation keys of a server's own tags and of untagged requests (ints: derive hashes)
 MB = 1 << 20
+CHARS_PER_TOKEN = 100  # more than any vocabulary's tokens average: past max_len × this, text cannot fit
 
 
 @dataclass
@@ -185,6 +186,11 @@ class ChatService:
                            "top_logprobs")
         if self.max_n is not None and req.n > self.max_n:
             raise ApiError(400, f"n: at most {self.max_n} choices per call here (asked {req.n})", "n")
+        chars = sum(len(m.text) + len(str(m.tool_calls or "")) for m in req.messages) + len(str(req.tools or ""))
+        if chars > self.max_len * CHARS_PER_TOKEN:  # refused before tokenizing: a 2 MB message held ~150 MB there
+            raise ApiError(400, f"This model's maximum context length is {self.max_len} tokens; the messages hold "
+                           f"{chars} characters, more than any tokenizer fits in it. Please shorten them.",
+                           "messages", "context_length_exceeded")
 
     def _allowance(self, req: ChatRequest, log: EpisodeLog, prompt_len: int, limit: int, inserted: int,
                    segments: int) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -20,9 +21,10 @@ from rollwise.model.tiny import char_tokenizer
 from rollwise.tasks.environment import episode_envs
 from rollwise.tasks.tool_calls import FORMATS, ToolCall, parse_calls
 from rollwise.types import Prompt
+from hung_tools import call_that_holds_the_gil, stubborn_envs
 
 HERMES, PLAIN = FORMATS["hermes"], FORMATS["plain"]
-HERE = __name__  # environments below are loaded as "tests.test_tool_safety:Class" through this module's path
+HERE = __name__  # environments below are loaded by rollout.environment as "<this module>:Class"
 
 
 def bounded(fn, seconds: float = 60.0):
@@ -110,56 +112,27 @@ def test_the_calculator_still_computes_what_it_can_afford():
 
 
 # -- 3. tool calls end at tool_timeout whatever the tool does --------------------------------------
-class Stubborn:
-    """Tools that hold the GIL and never return, beside a stateful one."""
-
-    def reset(self, **row):
-        self.total = 0
-
-    def add(self, k: int) -> int:
-        """Add to the running total.
-
-        Args:
-            k: how much
-        """
-        self.total += k
-        return self.total
-
-    def power(self, exponent: int) -> str:
-        """A big-int power (one bytecode: a thread timeout cannot interrupt it).
-
-        Args:
-            exponent: the exponent
-        """
-        return str(len(str(7 ** exponent)))
-
-    def spin(self) -> str:
-        """A pure-Python loop that never ends."""
-        while True:
-            pass
-
-    def die(self) -> str:
-        """Kill the process holding the environment."""
-        import os
-
-        os._exit(3)
+def in_fresh_interpreter(expression: str, seconds: float = 120.0) -> str:
+    """``repr(expression)`` evaluated with ``hung_tools`` as ``t`` in a new interpreter, killed past
+    ``seconds``: were the fix to regress, a big-int power would run in the calling process holding the
+    GIL, and no thread's join could time out."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import hung_tools as t; "
+            f"from rollwise.tasks.tool_calls import ToolCall; print(repr({expression}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=seconds)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
 
 
-def stubborn_envs(timeout: float = 1.0):
-    return episode_envs(f"{HERE}:Stubborn", timeout, 200)
-
-
-@pytest.mark.parametrize("call", [ToolCall("power", {"exponent": 10**9}), ToolCall("spin")], ids=["bigint", "loop"])
-def test_a_tool_that_holds_the_gil_ends_at_tool_timeout(call):
-    envs = stubborn_envs()
-    env = envs()
-    env.reset({})
-    assert env.call(ToolCall("add", {"k": 2})).text == "2"
-    result = bounded(lambda: env.call(call))
-    assert result.error == "timeout" and result.text == f"Error: {call.name} timed out after 1 s"
+def test_a_tool_in_a_pure_python_loop_ends_at_tool_timeout():
+    first, error, text, restarts, after = bounded(lambda: call_that_holds_the_gil(ToolCall("spin")))
+    assert (error, text) == ("timeout", "Error: spin timed out after 1 s")
     # the worker was restarted and the episode rebuilt (reset + its calls): its state is intact
-    assert envs.worker.restarts == 1 and env.call(ToolCall("add", {"k": 3})).text == "5"
-    env.close()
+    assert (first, restarts, after) == ("2", 1, "5")
+
+
+def test_a_tool_in_a_big_int_power_ends_at_tool_timeout():
+    said = in_fresh_interpreter('t.call_that_holds_the_gil(ToolCall("power", {"exponent": 10**9}))')
+    assert said == "('2', 'timeout', 'Error: power timed out after 1 s', 1, '5')"
 
 
 def test_a_neighbours_timeout_does_not_cost_another_episode_its_state():
@@ -229,6 +202,19 @@ def test_the_calculator_environment_answers_a_tower_of_powers_with_an_error():
     (group,), metrics = bounded(lambda: sampler.generate(ScriptedEngine(tok, tower_script), [Prompt("p", "q ")], [1], 0))
     (r,) = group.rollouts
     assert "too large" in r.messages[1]["content"] and r.failure is None and metrics["episode/raised"] == 1.0
+
+
+def test_an_episode_whose_tool_hangs_goes_on_after_tool_timeout():
+    """The model is told the call timed out and answers; the episode is scored, nothing hangs."""
+    call = "spin()"
+    tok = char_tokenizer()
+    script = lambda text: "#0" if "<result>" in text else f"<call>{call}</call>"  # noqa: E731
+    (group,), metrics = bounded(lambda: episodes(tok, stubborn_envs(timeout=1.0)).generate(
+        ScriptedEngine(tok, script), [Prompt("p", "q ")], [2], 0))
+    for r in group.rollouts:
+        assert [m["content"] for m in r.messages] == [f"<call>{call}</call>", "Error: spin timed out after 1 s", "#0"]
+        assert r.failure is None and r.finish_reason == "stop"
+    assert metrics["episode/timeout"] == 2.0
 
 
 # -- 4. an environment that fails: the episode scores 0 with the reason, the run goes on ---------------

@@ -217,6 +217,49 @@ def test_an_episode_stays_within_its_budgets_whatever_its_harness_does(engine_an
         assert r.failure is None and 0 < sampled <= max_new_tokens and len(rows) <= max_segments
 
 
+def test_the_run_endpoint_answers_only_its_key_and_the_episodes_it_opened(engine_and_tok):
+    """Nobody else may train the policy: a call without the run's key, or on a tag the run did not open, is
+    refused (the harness's own client sends the key; tests/test_serve.py checks the guard itself)."""
+    import httpx
+
+    engine, _ = engine_and_tok
+    gen, other = sampler(engine_and_tok, two_calls), sampler(engine_and_tok, two_calls)
+    try:
+        server = gen.server(engine)
+        assert gen.api_key != other.api_key and len(gen.api_key) >= 32  # a random key per run
+        body = {"model": "policy", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+        url = f"{server.episode_url('0-0-0')}/chat/completions"
+        assert httpx.post(url, json=body, timeout=30).status_code == 401
+        assert httpx.post(url, json=body, headers={"Authorization": f"Bearer {other.api_key}"},
+                          timeout=30).status_code == 401
+        assert httpx.post(url, json=body, headers={"Authorization": f"Bearer {gen.api_key}"},
+                          timeout=30).status_code == 404  # not an episode the run opened
+    finally:
+        gen.close()
+        other.close()
+
+
+def test_a_rewritten_history_trains_as_two_segments_of_one_episode(engine_and_tok):
+    from rollwise.optim.batch import build_batch
+    from rollwise.optim.objective import ObjectiveConfig, assign_advantages
+
+    engine, _ = engine_and_tok
+    gen = sampler(engine_and_tok, rewrites_history)
+    try:
+        groups, metrics = gen.generate(engine, PROMPTS, [2, 2], seed=1)
+    finally:
+        gen.close()
+    assert metrics["harness/segments_mean"] == 2
+    for i, g in enumerate(groups):
+        for j, r in enumerate(g.rollouts):
+            r.reward = float((i + j) % 2)
+    assign_advantages(groups, ObjectiveConfig(method="grpo"))
+    batch = build_batch(groups, 0)
+    assert len(batch) == 8  # 4 episodes x 2 segments
+    r = groups[0].rollouts[1]
+    assert r.segments[0].advantage == [r.advantage[0]] * len(r.segments[0].completion_ids)
+
+
 def test_a_harness_that_crashes_scores_zero_with_the_reason(engine_and_tok):
     from rollwise.filter.rewards import RewardFn, score_groups
 

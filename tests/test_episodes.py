@@ -261,7 +261,8 @@ def test_messages_end_with_the_final_turn_when_the_budget_cuts_the_results():
     (group,), _ = sampler(tok, max_new_tokens=40).generate(
         ScriptedEngine(tok, calculator_script), [Prompt("p", "q ")], [1], seed=0)
     (r,) = group.rollouts
-    assert r.finish_reason == "length" and r.messages == [{"role": "assistant", "content": '<call>calculate("12*34")</call>'}]
+    assert r.finish_reason == "length"
+    assert r.messages == [{"role": "assistant", "content": '<call>calculate("12*34")</call>'}]
 
 
 # -- hermes through a chat template (ChatML, which ignores `tools`, as SmolLM2's does) ----------------
@@ -328,7 +329,8 @@ def _tiny_episodes(engine_wrap=lambda e: e, max_new_tokens=120, max_turns=3):
     engine = SlotEngine(model, pad_token_id=tok.pad_token_id, max_batch_size=8, seed=0)
     stops = tuple(tok(c, add_special_tokens=False)["input_ids"][0] for c in "abcdefghij0123456789")
     params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop_token_ids=stops + (tok.eos_token_id,))
-    sampler = EpisodeSampler(params, tok, lambda: EpisodeEnv(Calculator(), 5.0, 2000), AlwaysCall(), max_turns=max_turns)
+    envs = lambda: EpisodeEnv(Calculator(), 5.0, 2000)  # noqa: E731
+    sampler = EpisodeSampler(params, tok, envs, AlwaysCall(), max_turns=max_turns)
     prompts = [Prompt(f"p{i}", f"q{i}: ", token_ids=[]) for i in range(2)]
     groups, _ = sampler.generate(engine_wrap(engine), prompts, [2, 2], seed=3)
     return model, tok, engine, groups, torch

@@ -199,7 +199,8 @@ def test_the_calculator_environment_answers_a_tower_of_powers_with_an_error():
     """The issue's case: the ``calculator`` environment, ``tool_timeout`` 2 s, ((10**1000)**1000)**1000."""
     tok = char_tokenizer()
     sampler = episodes(tok, episode_envs("calculator", 2.0, 2000))
-    (group,), metrics = bounded(lambda: sampler.generate(ScriptedEngine(tok, tower_script), [Prompt("p", "q ")], [1], 0))
+    engine = ScriptedEngine(tok, tower_script)
+    (group,), metrics = bounded(lambda: sampler.generate(engine, [Prompt("p", "q ")], [1], 0))
     (r,) = group.rollouts
     assert "too large" in r.messages[1]["content"] and r.failure is None and metrics["episode/raised"] == 1.0
 
@@ -278,7 +279,8 @@ def test_an_environment_whose_reset_or_constructor_raises_scores_its_episode_zer
     assert metrics["episode/env_failed"] == 2.0
     broken = episodes(tok, episode_envs(f"{HERE}:FailsAfterTheFirst", 5.0, 200))
     (group,), metrics = broken.generate(ScriptedEngine(tok, ping_script), prompts[:1], [2], 0)
-    assert all(r.failure.startswith("FailsAfterTheFirst() raised RuntimeError: no licence left") for r in group.rollouts)
+    said = "FailsAfterTheFirst() raised RuntimeError: no licence left"
+    assert all(r.failure.startswith(said) for r in group.rollouts)
     assert metrics["episode/env_failed"] == 2.0
 
 

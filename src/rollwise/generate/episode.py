@@ -5,15 +5,22 @@ A turn samples until the tokenizer's EOS; the turn's text is parsed for tool cal
 (``tasks/tool_calls.py``); no call — or ``rollout.max_turns`` turns, or the episode's token
 budget (``rollout.max_new_tokens``, sampled and inserted tokens together) spent — ends the
 episode. Otherwise each call runs (``tasks/environment.py``: errors, hangs and huge outputs
-become messages), and the results are inserted as token ids — through the chat template for
-``hermes`` (the ids its tool messages and the next assistant header render to), as
-``<result>…</result>`` text for ``plain`` — and sampling continues.
+become messages; a call ends at ``rollout.tool_timeout`` whatever it does), and the results
+are inserted as token ids — through the chat template for ``hermes`` (the ids its tool
+messages and the next assistant header render to), as ``<result>…</result>`` text for
+``plain`` — and sampling continues.
 
 Token-faithful (METHODS ``token_faithful``): the rollout's ``completion_ids`` are exactly the
 sampled ids with the inserted ids between them, never decoded and re-tokenized text; inserted
 ids carry loss weight 0 and behaviour log-prob 0, every sampled id keeps the log-prob it was
 sampled with; ``Rollout.turns`` records each model turn's span and the environment's anchor
 state (``observation_key``) for ``gigpo``.
+
+What verifiers read: ``Rollout.messages`` is the conversation after the prompt — each assistant
+turn decoded from its own sampled ids, and the tool messages inserted after it — and always ends
+with the final assistant turn; ``completion_text`` is that final turn. An environment that fails
+(``env.failure``: it raised in its constructor, ``reset`` or ``get_reward``, or was lost) ends its
+episode, which scores 0 with the reason (``Rollout.failure``) and is counted (``episode/env_failed``).
 
 On an engine that continues a finished sequence with its keys/values (``SlotEngine``:
 ``SamplingParams.keep_cache``), a turn prefills only the ids inserted since the last one;

@@ -13,10 +13,20 @@ An environment is a class; one instance serves one episode at a time:
   equal across episodes exactly when the state is the same (GiGPO's anchor states).
 
 ``rollout.environment`` names one: ``package.module:Class`` or a built-in (``ENVIRONMENTS``).
-Tools run in the training process, each call in a worker thread bounded by
-``rollout.tool_timeout``: a tool that raises, hangs or returns something huge becomes an error
-or truncated message to the model, never a crash (a hung call's thread is abandoned, so code
-that may hang for good or must be isolated belongs in the sandbox, as ``python_tool`` does).
+
+Guarantees (docs/environments.md):
+
+- The environment's methods run in its worker process (``tasks/env_worker.py``, one per
+  sampler; each episode's instance lives there): a call ends at ``rollout.tool_timeout``
+  whatever it does — a big-int power or a pure-Python loop is killed with the worker, which is
+  restarted with every live episode rebuilt by replay. A class that bounds its own time says
+  ``in_process = True`` and runs here, each call in a thread (``python_tool``: the sandbox).
+- A tool that raises, hangs or returns something huge is an error or truncated message to
+  the model, never a crash.
+- The environment's own failures — its constructor, ``reset`` or ``get_reward`` raising, its
+  instance lost — set ``failure`` on the episode's environment: the episode ends and scores 0
+  with that reason (``Rollout.failure``), and is not trained. Only a class that cannot be built
+  at all is an error, a ``ConfigError`` at load.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@ so the harness worker process that imports them starts fast."""
 
 from __future__ import annotations
 
+import os
 import time
 import zlib
 
-HANG_PROMPT = "hang"  # the prompt text on which `sleeps` and `spins` block their event loop
+HANG_PROMPT = "hang"  # the prompt text on which `sleeps` and `spins` block their event loop (`exits` exits)
 
 
 def crc(text: str | None) -> float:
@@ -89,6 +90,13 @@ async def spins(client, row):
     if row["prompt"] == HANG_PROMPT:
         while True:
             pass
+    return await two_calls(client, row)
+
+
+async def exits(client, row):
+    """The process ends under it (os._exit, a crash in an extension) on the hang prompt; else two_calls."""
+    if row["prompt"] == HANG_PROMPT:
+        os._exit(3)
     return await two_calls(client, row)
 
 

@@ -23,7 +23,7 @@ pytest.importorskip("openai")
 
 
 # the harnesses (tests/harness_agents.py) know only the openai client; they run in the harness worker process
-from harness_agents import (HANG_PROMPT, crc, hangs, main_side_main, n_choices, raises,  # noqa: E402
+from harness_agents import (HANG_PROMPT, crc, exits, hangs, main_side_main, n_choices, raises,  # noqa: E402
                             rewrites_forever, rewrites_history, sleeps, spins, two_calls, two_calls_crc)
 
 
@@ -327,6 +327,18 @@ def test_a_harness_that_blocks_its_event_loop_ends_at_its_timeout_and_the_next_s
     score_groups(stuck, [always])
     for r in stuck[0].rollouts:
         assert "rollout.harness_timeout (2 s)" in r.failure and r.reward == 0.0
+
+
+def test_a_harness_whose_process_dies_fails_its_episodes_and_the_next_step_runs(engine_and_tok):
+    engine, _ = engine_and_tok
+    gen = sampler(engine_and_tok, exits)
+    try:
+        dead, metrics = bounded(gen.generate, engine, [Prompt("h", HANG_PROMPT)], [2], 0)
+        assert metrics["harness/failed"] == 1.0 and metrics["harness/restarts"] == 1
+        assert all(r.failure == "the harness process exited (code 3)" for r in dead[0].rollouts)
+        assert bounded(gen.generate, engine, PROMPTS[:1], [2], 0)[1]["harness/failed"] == 0
+    finally:
+        gen.close()
 
 
 def test_bad_harness_specs_are_config_errors():

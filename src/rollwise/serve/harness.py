@@ -220,11 +220,13 @@ class HarnessSampler(Generator):
         for _, tag, key in episodes:  # call k samples as an in-process episode's turn k (EpisodeSampler's seeds)
             service.open(tag, key)
         jobs = [(tag, endpoint.server.episode_url(tag), _row(prompts[pi])) for pi, tag, _ in episodes]
-        outcomes, killed = self._run(endpoint, jobs)
+        try:
+            outcomes, killed = self._run(endpoint, jobs)
+        finally:
+            logs = {tag: service.close(tag) for _, tag, _ in episodes}
+            _drain(endpoint.server)  # the closed episodes' unfinished requests are aborted now, not at the next step
         groups = [RolloutGroup(prompt=p, rollouts=[]) for p in prompts]
         counts = {"calls": 0, "segments": 0, "failed": 0}
-        logs = {tag: service.close(tag) for _, tag, _ in episodes}
-        _drain(endpoint.server)  # the closed episodes' unfinished requests are aborted now, not at the next step
         for pi, tag, _ in episodes:
             reward, reason = outcomes.get(tag, (None, "the harness did not finish"))
             rollout = self._rollout(prompts[pi], logs[tag], reward, reason)
@@ -261,11 +263,11 @@ class HarnessSampler(Generator):
             if len(outcomes) == len(jobs):
                 return True
             if ended or time.monotonic() > deadline:
-                why = ("the harness process exited" if ended else
-                       f"the harness ran past rollout.harness_timeout ({self.timeout:g} s) and its process did "
-                       "not answer (a blocked event loop?): killed, a new one serves the next step")
                 worker.kill()
                 killed = True
+                why = (f"the harness process exited (code {worker.returncode})" if ended else
+                       f"the harness ran past rollout.harness_timeout ({self.timeout:g} s) and its process did "
+                       "not answer (a blocked event loop?): killed, a new one serves the next step")
                 for tag, _, _ in jobs:
                     if tag not in outcomes:
                         outcomes[tag] = (None, why)
@@ -285,7 +287,7 @@ class HarnessSampler(Generator):
         else:
             final = next((s for s in segments if s.final is not None), segments[-1])
             rollouts = [self._segment_rollout(prompt, s) for s in segments]
-            main = rollouts[segments.index(final)]
+            main = next(r for r, s in zip(rollouts, segments) if s is final)
             main.segments = [r for r in rollouts if r is not main] or None
             turn = final.final or final.turns[-1]
             # what a verifier reads: the final call's reply, not the whole segment it ends

@@ -77,6 +77,7 @@ class HarnessWorker:
         self._send: Connection | None = None
         self._inbox: queue.Queue = queue.Queue()
         self.starts = 0  # processes started (a restart after a kill counts)
+        self.returncode: int | None = None  # the last process's, once it has ended (negative: killed by a signal)
 
     @property
     def alive(self) -> bool:
@@ -137,7 +138,7 @@ class HarnessWorker:
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            self.proc.wait(timeout=30)
+            self.returncode = self.proc.wait(timeout=30)
             self.proc = None
         if self._send is not None:
             self._send.close()

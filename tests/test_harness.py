@@ -341,6 +341,31 @@ def test_a_harness_whose_process_dies_fails_its_episodes_and_the_next_step_runs(
         gen.close()
 
 
+def test_a_row_the_harness_process_cannot_read_fails_only_its_episode(engine_and_tok, monkeypatch):
+    """Rows travel pickled one by one: a column of a class only the training process has (here a module made
+    at run time) fails that episode with the reason; a column that cannot be pickled at all goes as its repr."""
+    import sys
+    import types
+
+    here_only = types.ModuleType("made_in_the_training_process")
+
+    class Thing:
+        pass
+
+    Thing.__module__, Thing.__qualname__ = here_only.__name__, "Thing"
+    here_only.Thing = Thing
+    monkeypatch.setitem(sys.modules, here_only.__name__, here_only)
+    engine, _ = engine_and_tok
+    prompts = [Prompt("odd", "1+1=", columns={"thing": Thing()}), Prompt("ok", "2+2=", columns={"f": lambda: 0})]
+    gen = sampler(engine_and_tok, two_calls)
+    try:
+        groups, metrics = bounded(gen.generate, engine, prompts, [1, 1], 0)
+    finally:
+        gen.close()
+    (odd,), (ok,) = [g.rollouts for g in groups]
+    assert "cannot unpickle the row" in odd.failure and ok.failure is None and metrics["harness/failed"] == 0.5
+
+
 def test_bad_harness_specs_are_config_errors():
     with pytest.raises(ConfigError, match="package.module:function"):
         load_harness("no_colon")

@@ -238,11 +238,13 @@ class HarnessSampler(Generator):
         return groups, {"harness/calls_mean": counts["calls"] / n, "harness/segments_mean": counts["segments"] / n,
                         "harness/failed": counts["failed"] / n, "harness/restarts": float(killed)}
 
-    def _run(self, endpoint: Endpoint, jobs: list[tuple[str, str, dict]]) -> tuple[dict, bool]:
+    def _run(self, endpoint: Endpoint, jobs: list[tuple[str, str, bytes]]) -> tuple[dict, bool]:
         """Run the episodes in the harness process while this thread drives the engine; end them at
         the timeout from here when the process does not (then it is killed: restarted next time).
         Returns each tag's (reward, failure reason) and whether the process was killed."""
         service, worker, outcomes = endpoint.server.service, endpoint.worker, {}
+        if not jobs:
+            return outcomes, False
         first = worker.starts == 0
         try:
             worker.submit(jobs, self.timeout, self.api_key)
@@ -263,7 +265,7 @@ class HarnessSampler(Generator):
             if len(outcomes) == len(jobs):
                 return True
             if ended or time.monotonic() > deadline:
-                worker.kill()
+                worker.kill(wait=2.0 if ended else 0.0)
                 killed = True
                 why = (f"the harness process exited (code {worker.returncode})" if ended else
                        f"the harness ran past rollout.harness_timeout ({self.timeout:g} s) and its process did "
@@ -304,8 +306,8 @@ class HarnessSampler(Generator):
                        loss_weights=s.weights if 0 in s.weights else None, turns=s.turns)
 
 
-def _row(prompt: Prompt) -> dict:
-    """The dataset row a harness gets; a column the worker process could not unpickle goes as its repr."""
+def _row(prompt: Prompt) -> bytes:
+    """The dataset row a harness gets, pickled for its process; a column that cannot be pickled goes as its repr."""
     row = {**prompt.reward_columns(), "prompt": prompt.text, "model": MODEL_NAME,
            "messages": [dict(m) for m in prompt.messages or [{"role": "user", "content": prompt.text}]]}
     for key, value in row.items():
@@ -313,7 +315,7 @@ def _row(prompt: Prompt) -> dict:
             pickle.dumps(value)
         except Exception:  # noqa: BLE001 — whatever pickling raises (a lambda, a lock, a generator)
             row[key] = repr(value)
-    return row
+    return pickle.dumps(row)
 
 
 def _grace(timeout: float) -> float:

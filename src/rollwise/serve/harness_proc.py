@@ -111,8 +111,9 @@ class HarnessWorker:
             self.kill()
             raise RuntimeError(f"the harness process for {self.spec!r} failed: {body or 'it exited'}")
 
-    def submit(self, episodes: list[tuple[str, str, dict]], timeout: float, api_key: str) -> None:
-        """Run ``(tag, base_url, row)`` episodes; ``results()`` hands back each one's outcome."""
+    def submit(self, episodes: list[tuple[str, str, bytes]], timeout: float, api_key: str) -> None:
+        """Run ``(tag, base_url, pickled row)`` episodes; ``results()`` hands back each one's outcome
+        (rows go pickled one by one: a row the child cannot unpickle fails its episode, not the batch)."""
         if not self.alive:
             self.start()
         self._send.send(("batch", {"episodes": episodes, "timeout": timeout, "api_key": api_key}))
@@ -130,9 +131,15 @@ class HarnessWorker:
             elif kind == "exit":
                 ended = True
 
-    def kill(self) -> None:
-        """End the process and everything it started (its own process group)."""
+    def kill(self, wait: float = 0.0) -> None:
+        """End the process and everything it started (its own process group); ``wait``: seconds to let
+        it end by itself first (one that closed its pipe is exiting: its own exit code says more)."""
         if self.proc is not None:
+            if wait:
+                try:
+                    self.proc.wait(timeout=wait)
+                except subprocess.TimeoutExpired:
+                    pass
             if self.proc.poll() is None:
                 try:
                     os.killpg(self.proc.pid, signal.SIGKILL)
@@ -194,12 +201,17 @@ async def _run_batch(harness, batch: dict, send) -> None:
 
     timeout, api_key = batch["timeout"], batch["api_key"]
 
-    async def one(tag: str, url: str, row: dict, http) -> None:
+    async def one(tag: str, url: str, blob: bytes, http) -> None:
+        try:
+            row = pickle.loads(blob)
+        except Exception as err:  # noqa: BLE001 — a class the parent has and this process does not
+            send(("result", (tag, None, f"the harness process cannot unpickle the row: {type(err).__name__}: {err}")))
+            return
         send(("result", (tag, *await _episode(harness, url, row, http, timeout, api_key))))
 
     # one connection pool for every episode's client (a client of its own builds an SSL context: ~25 ms each)
     async with openai.DefaultAsyncHttpxClient(timeout=timeout) as http:
-        await asyncio.gather(*(one(tag, url, row, http) for tag, url, row in batch["episodes"]))
+        await asyncio.gather(*(one(tag, url, blob, http) for tag, url, blob in batch["episodes"]))
 
 
 async def _episode(harness, url: str, row: dict, http, timeout: float, api_key: str) -> tuple[float | None, str]:

@@ -114,9 +114,14 @@ class HarnessWorker:
     def submit(self, episodes: list[tuple[str, str, bytes]], timeout: float, api_key: str) -> None:
         """Run ``(tag, base_url, pickled row)`` episodes; ``results()`` hands back each one's outcome
         (rows go pickled one by one: a row the child cannot unpickle fails its episode, not the batch)."""
+        batch = ("batch", {"episodes": episodes, "timeout": timeout, "api_key": api_key})
         if not self.alive:
             self.start()
-        self._send.send(("batch", {"episodes": episodes, "timeout": timeout, "api_key": api_key}))
+        try:
+            self._send.send(batch)
+        except OSError:  # it died since it was last seen alive: a new one runs the batch
+            self.start()
+            self._send.send(batch)
 
     def results(self) -> tuple[list[tuple[str, float | None, str]], bool]:
         """What came back since the last call (never blocks), and whether the process has ended."""

@@ -191,7 +191,8 @@ class Gdro(Controller):
             live = [r for r in g.rollouts if r.failure is None]  # what PromptStats.observe added
             if not live:
                 continue
-            before = PromptRecord(attempts=rec.attempts - len(live), successes=rec.successes - sum(r.correct for r in live))
+            before = PromptRecord(attempts=rec.attempts - len(live),
+                                  successes=rec.successes - sum(r.correct for r in live))
             losses[difficulty_bin(before, self.cfg.k)].append(loss_at_stake(g.live_rewards, self.cfg.clip))
         for b, ls in enumerate(losses):
             if ls:

@@ -241,7 +241,8 @@ ESTIMATORS = {
     "reinforce_pp": lambda ro, r, g, cfg: reinforce_pp_advantages(
         r, g, torch.tensor([max(episode_tokens(x), 1) for x in ro])),
     "median": _median,
-    "drpo": lambda ro, r, g, cfg: drpo_advantages(_correct(ro), torch.tensor([float(episode_tokens(x)) for x in ro]), g),
+    "drpo": lambda ro, r, g, cfg: drpo_advantages(
+        _correct(ro), torch.tensor([float(episode_tokens(x)) for x in ro]), g),
     "gigpo": _gigpo,
 }
 

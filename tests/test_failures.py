@@ -327,3 +327,36 @@ def test_micro_batches_and_devices_keep_the_sequence_bookkeeping():
     legacy = copy.copy(batch)
     legacy.sequence_ids = legacy.sequence_lengths = None  # a batch built by older code: every row a sequence
     assert legacy.to("cpu").num_sequences == 3 and legacy.normaliser_lengths.tolist() == [2.0, 3.0, 2.0]
+
+
+# the LR schedule still advances once per training step: torch warns that no optimizer step preceded it
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+def test_a_step_whose_update_is_not_finite_is_skipped_counted_and_checkpointed_unchanged(tmp_path, monkeypatch):
+    """Past the scoring guard (here: advantages forced to NaN), the loop still never applies or saves
+    a non-finite update: the checkpoint holds the weights before it, the run-long counter advances."""
+    from safetensors.torch import load_file
+
+    import rollwise.train.loop as loop
+    from rollwise.train.config import load_run_config
+    from rollwise.train.metrics import read_metrics
+    from rollwise.train.state import RunLimits
+
+    def nan_advantages(groups, cfg):
+        metrics = assign_advantages(groups, cfg)
+        for r in (r for g in groups for r in g.rollouts):
+            r.advantage = [float("nan")] * len(r.advantage)
+        return metrics
+
+    monkeypatch.setattr(loop, "assign_advantages", nan_advantages)
+    cfg = load_run_config(None, [f"output_dir={tmp_path}", "task.max_digits=2", "task.eval_size=2",
+                                 "rollout.prompts_per_step=2", "rollout.num_generations=4", "rollout.max_new_tokens=8",
+                                 "optim.micro_batch_size=8", "model.threads=1", "train.eval_samples=0",
+                                 "train.eval_every=0", "train.checkpoint_every=1", "optim.skip_zero_advantage=false"])
+    with loop.Trainer(cfg) as trainer:
+        trainer.prepare()
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.fit(RunLimits(steps=2))
+        saved = load_file(str(trainer.run_dir / "checkpoints" / "step_000002" / "model.safetensors"))
+        assert all(torch.equal(saved[n], t) for n, t in before.items() if n in saved)
+        assert trainer.state.skipped_updates == 2
+    assert [m["train/skipped_updates"] for m in read_metrics(trainer.run_dir) if "train/skipped_updates" in m] == [1, 2]

@@ -126,6 +126,8 @@ def in_fresh_interpreter(expression: str, seconds: float = 120.0) -> str:
 def test_a_tool_in_a_pure_python_loop_ends_at_tool_timeout():
     first, error, text, restarts, after = bounded(lambda: call_that_holds_the_gil(ToolCall("spin")))
     assert (error, text) == ("timeout", "Error: spin timed out after 1 s")
+    # stopped, not abandoned: no thread of this process is left spinning (a thread timeout leaves one)
+    assert not [t for t in threading.enumerate() if t.name.startswith("tool-")]
     # the worker was restarted and the episode rebuilt (reset + its calls): its state is intact
     assert (first, restarts, after) == ("2", 1, "5")
 

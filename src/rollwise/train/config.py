@@ -134,6 +134,10 @@ class TrainConfig(StrictModel):
     checkpoint_every: int = Field(50, ge=0, description="checkpoint every N steps (0 = only at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="how many recent checkpoints to keep")
     log_samples: int = Field(4, ge=0, description="rollouts written to samples.jsonl per eval")
+    log_rollouts: int = Field(2, ge=0, description="training groups written to rollouts.jsonl per step (every rollout's "
+                              "text, rewards with reasons, advantage; 0 = none)")
+    rollouts_mb: float = Field(20.0, gt=0, description="size bound of rollouts.jsonl: past it every other logged step "
+                               "is dropped and steps are logged half as often")
     max_minutes: float | None = Field(None, gt=0, description="stop RL after this wall time (then eval and save)")
     max_generated_tokens: int | None = Field(
         None, ge=1, description="stop RL once the engine has sampled this many tokens, a controller's own policy "

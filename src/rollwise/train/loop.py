@@ -57,6 +57,7 @@ from rollwise.train.collect import RoundSampler, ScoredBatch
 from rollwise.train.config import RunConfig
 from rollwise.train.metrics import Clock, MetricsLog, rollout_metrics, staleness_metrics, tree_record
 from rollwise.train.pipeline import Pipeline
+from rollwise.train.rollout_log import RolloutLog
 from rollwise.train.sft import sft
 from rollwise.train.state import RunLimits, TrainState, run_summary
 from rollwise.types import Prompt, RolloutGroup
@@ -105,6 +106,7 @@ class Trainer:
         self.queued: list[ScoredBatch] = []  # async: batches a resumed checkpoint holds, generated but untrained
         self.ref_model = None
         self.log: MetricsLog | None = None
+        self.rollout_log: RolloutLog | None = None  # rollouts.jsonl, opened by prepare()
         self.stopped_by: str | None = None  # the limit that ended the last fit()
         self.last_tree: RolloutGroup | None = None  # the last step's first tree group, for trees.jsonl at the next eval
 
@@ -198,6 +200,8 @@ class Trainer:
         cfg, start = self.cfg, time.perf_counter()
         step, metrics = self.state.step, dict(batch.metrics)
         metrics |= assign_advantages(batch.groups, cfg.objective)  # within the groups as sampled
+        if self.rollout_log is not None:  # a sample of the scored groups for the report
+            self.rollout_log.log(step + 1, batch.groups)
         self.last_tree = next((g for g in batch.groups if g.tree is not None), None)
         # replay: the groups to train (fresh and kept ones, with their own log-probs, versions, advantages)
         groups, replayed = self.replay.compose(batch.groups, step=step, version=step)
@@ -287,6 +291,8 @@ class Trainer:
             load_reference(ckpt, self.ref_model)  # ReMix moved it before the checkpoint
         self.log = MetricsLog(self.run_dir, resume_from_step=self.state.step if ckpt else None,
                               report_to=self.cfg.train.report_to, config=self.cfg.model_dump(mode="json"))
+        self.rollout_log = RolloutLog(self.run_dir, self.cfg.train.log_rollouts, self.cfg.train.rollouts_mb,
+                                      resume_from_step=self.state.step if ckpt else None)
 
     def init_model_dir(self) -> Path:
         """The directory holding the RL starting weights (``init_model/`` or the recorded source)."""

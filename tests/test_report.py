@@ -347,3 +347,68 @@ def test_metrics_go_to_their_groups():
     grouped = group_metrics(["kl", "kl_prox", "reward/mean", "dist/workers", "time/weight_sync", "staleness/max", "zzz"])
     assert grouped == {"reward": ["reward/mean"], "kl": ["kl", "kl_prox"], "strategy": ["staleness/max"],
                        "dist": ["dist/workers"], "time": ["time/weight_sync"], "other": ["zzz"]}
+
+
+# -- training rollouts (rollouts.jsonl) -----------------------------------------------------
+def test_training_rollouts_are_logged_with_rewards_reasons_and_advantages(runs):
+    """Every step logs train.log_rollouts groups (default 2) of the groups it trained on: each rollout's
+    text, reward, components with their reasons, and advantage (GRPO: centred within the group)."""
+    for run in ("group", "tree"):
+        records = jsonl(runs[run] / "rollouts.jsonl")
+        assert [r["step"] for r in records] == [1, 1, 2, 2, 3, 3, 4, 4], run
+        for rec in records:
+            assert rec["prompt"] and rec["every"] == 1 and len(rec["rollouts"]) == 4
+            for r in rec["rollouts"]:
+                assert isinstance(r["completion"], str) and set(r["components"]) == set(r["reasons"]) == {"arith"}
+                assert r["reasons"]["arith"] and isinstance(r["advantage"], float)
+            if not rec["zero_signal"]:
+                assert abs(sum(r["advantage"] for r in rec["rollouts"])) < 1e-3
+            else:
+                assert all(r["advantage"] == 0.0 for r in rec["rollouts"])
+
+
+def _group(i: int, rewards: list[float], text: str = "x", messages=None):
+    from rollwise.types import Prompt, Rollout, RolloutGroup
+
+    rollouts = [Rollout(f"p{i}", [1], [2], [0.0], [0], "stop", completion_text=text, reward=r, score=r,
+                        reward_components={"f": r}, reward_reasons={"f": f"why {r}"}, advantage=[r - 0.5],
+                        messages=messages) for r in rewards]
+    return RolloutGroup(Prompt(f"p{i}", f"prompt {i}", answer="a"), rollouts)
+
+
+def test_rollout_log_picks_groups_that_trained_first_and_logs_episodes(tmp_path):
+    from rollwise.train.rollout_log import RolloutLog
+
+    log = RolloutLog(tmp_path, groups_per_step=2)
+    episode = [{"role": "assistant", "content": "<tool_call>{}</tool_call>"}, {"role": "tool", "name": "calc",
+                                                                           "content": "42"}]
+    log.log(1, [_group(0, [1.0, 1.0]), _group(1, [0.0, 1.0], messages=episode), _group(2, [1.0, 0.0])])
+    records = jsonl(tmp_path / "rollouts.jsonl")
+    assert [r["prompt_id"] for r in records] == ["p1", "p2"]  # spread first, in sampled order
+    assert records[0]["rollouts"][0]["messages"] == episode and "messages" not in records[1]["rollouts"][0]
+    assert records[0]["rollouts"][1] | {} == {
+        "completion": "x", "reward": 1.0, "score": 1.0, "components": {"f": 1.0}, "reasons": {"f": "why 1.0"},
+        "advantage": 0.5, "tokens": 1, "finish_reason": "stop", "correct": True, "messages": episode}
+    assert RolloutLog(tmp_path, groups_per_step=0) and not jsonl(tmp_path / "rollouts.jsonl")  # fresh run: empty
+
+
+def test_rollout_log_stays_within_its_budget_and_resumes(tmp_path):
+    """Past train.rollouts_mb every other logged step is dropped and the stride doubles: an even sample of
+    the whole run in a bounded file; a resumed log drops lines after the checkpoint and keeps the stride."""
+    from rollwise.train.rollout_log import TEXT_CHARS, RolloutLog
+
+    budget_mb = 0.05  # ~52 KB; each step ~ 2 groups x 2 rollouts x ~4 KB
+    log = RolloutLog(tmp_path, groups_per_step=2, budget_mb=budget_mb)
+    for step in range(1, 41):
+        log.log(step, [_group(0, [0.0, 1.0], "y" * 9000), _group(1, [1.0, 0.0], "z" * 9000)])
+        assert (tmp_path / "rollouts.jsonl").stat().st_size <= budget_mb * 1024 * 1024
+    records = jsonl(tmp_path / "rollouts.jsonl")
+    steps = sorted({r["step"] for r in records})
+    every = log.every
+    assert every > 1 and all(r["every"] == every for r in records)
+    assert steps == list(range(every, 41, every)) and len(steps) >= 2  # first to last, evenly
+    text = records[0]["rollouts"][0]["completion"]
+    assert text.startswith("y" * TEXT_CHARS) and text.endswith("[5,000 more characters not logged]")
+    resumed = RolloutLog(tmp_path, groups_per_step=2, budget_mb=budget_mb, resume_from_step=steps[1])
+    assert resumed.every == every and [r["step"] for r in jsonl(tmp_path / "rollouts.jsonl")] == [steps[0]] * 2 + [
+        steps[1]] * 2

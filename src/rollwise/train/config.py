@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -284,5 +285,10 @@ def off_policy_source(data: dict) -> str | None:
 
 
 def load_run_config(path: str | None, overrides: list[str] = ()) -> RunConfig:
+    """The recipe at ``path`` (None: the defaults) with ``--set`` overrides. The recipe's directory
+    becomes the second place relative module specs and data paths are looked up (``rollwise.imports``)."""
+    from rollwise.imports import set_recipe_dir
+
+    set_recipe_dir(Path(path).parent if path else None)
     data = load_yaml(path) if path else {}
     return validate(RunConfig, apply_overrides(data, list(overrides)))

@@ -150,6 +150,34 @@ def test_a_neighbours_timeout_does_not_cost_another_episode_its_state():
     assert a.failure is None and b.failure is None
 
 
+def test_the_worker_exits_when_its_trainer_is_killed():
+    """A trainer killed with SIGKILL runs no cleanup: its worker must see the pipe close and exit."""
+    import os
+    import time
+
+    code = (f"import os, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import hung_tools as t; "
+            "envs = t.stubborn_envs(); env = envs(); env.reset({}); print(envs.worker._proc.pid, flush=True); "
+            "os.kill(os.getpid(), 9)")
+    trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = int(bounded(trainer.stdout.readline, 120))
+    trainer.wait(60)
+    trainer.stdout.close()
+
+    def running() -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 60
+    while running() and time.monotonic() < deadline:  # a bound on the wait, not a timed assertion
+        time.sleep(0.05)
+    if running():  # clean up after the failure: the worker is this test's process
+        os.kill(pid, 9)
+        pytest.fail(f"the environment worker {pid} outlived its trainer")
+
+
 def test_a_worker_round_trip_is_cheap():
     """The tiny calculator recipes make thousands of calls: a persistent worker, not a process per call.
     (A count, not a time: every call goes to the one worker started by the first.)"""

@@ -47,8 +47,10 @@ class _History:
     calls: list[tuple[str, tuple, dict]] = field(default_factory=list)
 
 
-def _serve(conn, cls, max_chars: int) -> None:  # pragma: no cover - runs in the worker process
-    """The worker: answer ``(op, eid, args)`` requests until the pipe closes."""
+def _serve(conn, parent_end, cls, max_chars: int) -> None:  # pragma: no cover - runs in the worker process
+    """The worker: answer ``(op, eid, args)`` requests until the pipe closes (the trainer's end is
+    closed here, so the trainer's death — even a SIGKILL — reaches ``recv`` as EOF and the worker exits)."""
+    parent_end.close()
     envs: dict = {}
     while True:
         try:
@@ -202,7 +204,7 @@ class EnvWorker:
             return
         ctx = multiprocessing.get_context("fork")
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_serve, args=(child, self.cls, self.max_chars), daemon=True,
+        proc = ctx.Process(target=_serve, args=(child, parent, self.cls, self.max_chars), daemon=True,
                            name=f"env-{getattr(self.cls, '__name__', 'environment')}")
         proc.start()
         child.close()

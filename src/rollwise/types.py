@@ -62,6 +62,9 @@ class Prompt:
     answer: str | None = None
     columns: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, str]] | None = None  # conversational prompt ({role, content}), if any
+    # a plain prompt tokenized through the tokenizer's chat template, when it has one, as one user message
+    # (``task.chat_template``); reward functions still get ``text``, TRL's format for a plain prompt
+    chat_template: bool = False
 
     def reward_columns(self) -> dict[str, Any]:
         """Keyword arguments for reward functions: ``answer`` plus every extra column."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from rollwise.config import ConfigError
 from rollwise.engine.engine import Engine, Request
 from rollwise.engine.sampling import SamplingParams
 from rollwise.eval.majority import maj_at_k
@@ -54,7 +55,13 @@ def evaluate(
     """Greedy accuracy (``judge`` says correct: ``rollwise.types.is_correct``) and, when ``samples`` > 0,
     pass@1, pass@samples and maj@samples (``rollwise.eval.majority``: a vote by the judge's extracted answers).
     ``episodes`` (a ``generate.episode.EpisodeSampler``): every prompt is a multi-turn episode with
-    the run's environment, scored by ``judge`` and the environment's own reward."""
+    the run's environment, scored by ``judge`` and the environment's own reward.
+
+    No prompts (an empty eval split) is a ``ConfigError``: a run without an eval split skips its
+    evals (``Trainer.has_eval``) rather than calling this."""
+    if not prompts:
+        raise ConfigError("no eval prompts: the task's eval split is empty (task.name=file: set task.eval_fraction "
+                          "above 0 with enough rows to hold some out, or task.eval_path)")
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids))
     groups = _groups(engine, prompts, greedy, 1, decode, seed, episodes)
     score_groups(groups, [judge])
@@ -73,7 +80,8 @@ def evaluate(
                                     for g in sgroups])
     kept = [
         {"prompt": g.prompt.text, "completion": g.rollouts[0].completion_text, "reward": g.rollouts[0].reward,
-         "reasons": g.rollouts[0].reward_reasons, "answer": g.prompt.answer}
+         "components": g.rollouts[0].reward_components, "reasons": g.rollouts[0].reward_reasons,
+         "answer": g.prompt.answer}
         | ({"messages": g.rollouts[0].messages} if g.rollouts[0].messages is not None else {})
         for g in groups[:keep]
     ]

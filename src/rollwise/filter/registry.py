@@ -1,13 +1,22 @@
-"""Reward functions known by name, and resolving a recipe's ``rewards:`` list."""
+"""Reward functions known by name, and resolving a recipe's ``rewards:`` list and the eval judge.
+
+The eval judge (what eval accuracy, pass@k, maj@k and ``summary.json`` count as correct: a score
+above 0.5, ``rollwise.types.is_correct``) is the task's own reward — its verifier, or for
+``task.name: file`` ``task.reward`` — except for a file task without ``task.reward``: then it is
+the first entry of ``rewards:`` (``Task.judge_from_rewards``). A judge that is not among the
+run's training rewards is warned about once, when the rewards are resolved.
+"""
 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 
 from rollwise.config import ConfigError
 from rollwise.filter.rewards import RewardFn, load_callable
 
+log = logging.getLogger(__name__)
 
 CODE_REWARDS = ("code_io", "code_asserts", "code_exit")
 
@@ -25,28 +34,43 @@ def builtin_rewards(sandbox=None) -> dict[str, Callable]:
     return {"arith": arith_reward, "countdown": countdown_reward, "math_answer": math_answer, **bound}
 
 
-def resolve_rewards(configs, task, sandbox=None) -> tuple[list[RewardFn], RewardFn]:
-    """(reward functions to train on, the task's own judge used for eval accuracy).
+def reward_function(spec: str, key: str, known: dict[str, Callable]) -> tuple[str, Callable]:
+    """(name, function) of a reward spec: a name in ``known`` or ``package.module:function``
+    (imported by ``rollwise.imports``' rule; its name is the function's). ``key``: the config key."""
+    if ":" in spec:
+        return spec.split(":")[-1], load_callable(spec, key)
+    if spec in known:
+        return spec, known[spec]
+    raise ConfigError(f"{key} '{spec}' is not a known reward ({', '.join(sorted(known))}) "
+                      "nor an importable 'package.module:function'")
+
+
+def resolve_rewards(configs, task, sandbox=None, warn: bool = True) -> tuple[list[RewardFn], RewardFn]:
+    """(reward functions to train on, the eval judge; see the module docstring).
 
     ``configs`` null → the task's rewards with weight 1. A name is looked up among the
     built-ins and the task's rewards; ``package.module:function`` imports a user function.
+    ``warn``: log the judge warning (the driver does; rollout workers resolve the same list again).
     """
-    judge_name, judge_fn = next(iter(task.rewards.items()))
-    judge = RewardFn(judge_name, judge_fn)
     if configs is None:
-        return [RewardFn(name, fn) for name, fn in task.rewards.items()], judge
-    known = {**builtin_rewards(sandbox), **task.rewards}
-    fns = []
-    for i, rc in enumerate(configs):
-        if ":" in rc.name:
-            fns.append(RewardFn(rc.name.split(":")[-1], load_callable(rc.name), rc.weight))
-        elif rc.name in known:
-            fns.append(RewardFn(rc.name, known[rc.name], rc.weight))
-        else:
-            raise ConfigError(
-                f"rewards[{i}].name '{rc.name}' is not a known reward ({', '.join(sorted(known))}) "
-                "nor an importable 'package.module:function'"
-            )
-    if not fns:
-        raise ConfigError("rewards is an empty list; remove it to use the task's own rewards")
+        if not task.rewards:
+            raise ConfigError("nothing scores this task's rollouts: list your reward functions under rewards: "
+                              "(the first is the eval judge), or set task.reward, or set task.answer_field for "
+                              "the default math_answer")
+        fns = [RewardFn(name, fn) for name, fn in task.rewards.items()]
+    else:
+        known = {**builtin_rewards(sandbox), **task.rewards}
+        fns = [RewardFn(*reward_function(rc.name, f"rewards[{i}].name", known), rc.weight)
+               for i, rc in enumerate(configs)]
+        if not fns:
+            raise ConfigError("rewards is an empty list; remove it to use the task's own rewards")
+    if task.judge_from_rewards and configs:
+        judge = RewardFn(fns[0].name, fns[0].fn)  # weight 1: correct = its own score above 0.5
+    else:
+        judge = RewardFn(*next(iter(task.rewards.items())))
+    if warn and not any(f.fn is judge.fn or f.name == judge.name for f in fns):
+        log.warning("the eval judge '%s' is not among this run's training rewards (%s): eval accuracy, pass@k and "
+                    "maj@k measure what training does not reward. The judge is task.reward (task.name: file; "
+                    "unset: the first of rewards:), else the task's own verifier", judge.name,
+                    ", ".join(f.name for f in fns))
     return fns, judge

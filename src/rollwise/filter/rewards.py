@@ -15,8 +15,10 @@ zero). A function may return ``rollwise.types.Score`` values (floats that carry 
 ``reason`` and, for verifiers that extract one, the final ``answer``); the reason is recorded
 on the rollout, and the first function's extracted answer becomes ``Rollout.extracted_answer``
 (what maj@k votes with). A function that raises does not crash
-training: every rollout of that call scores 0 for that component, the reason says why, and
-``reward/<name>/errors`` counts it.
+training: every rollout of that call scores 0 for that component, the reason says why
+(``<name> raised <Error>: ...``), ``reward/<name>/errors`` counts it, and the first failure of
+each function is logged once. ``reward_failures`` totals both kinds per function from the
+recorded reasons (the run's ``summary.json`` and closing lines report them).
 
 A value that is not a finite number (NaN, ±inf, or not a number at all) from a reward
 function, an environment's ``get_reward()``, an OpenEnv server or a harness's return scores 0
@@ -29,18 +31,19 @@ it no weight (``rollwise.optim``).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rollwise.config import ConfigError
 from rollwise.types import Rollout, RolloutGroup, Score
 
 log = logging.getLogger(__name__)
 ENV_REWARD = "environment"  # the component an environment's get_reward() fills (multi-turn episodes)
+RAISED = " raised "  # a component's reason "<name> raised <Error>: ..." : its function failed (raised, wrong length)
+NON_FINITE = "non-finite"  # a component's reason "non-finite (<value>)": the value was not a finite number
 
 
 @dataclass
@@ -48,6 +51,7 @@ class RewardFn:
     name: str
     fn: Callable
     weight: float = 1.0
+    warned: bool = field(default=False, repr=False, compare=False)  # its first failure was logged (once per run)
 
 
 def as_text(completion) -> str:
@@ -57,18 +61,16 @@ def as_text(completion) -> str:
     return str(completion)
 
 
-def load_callable(spec: str) -> Callable:
-    """``"package.module:function"`` → the function (how users bring their own rewards)."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"reward function '{spec}' must look like 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ConfigError(f"reward function '{spec}': cannot import module '{module_name}' ({err})") from None
-    fn = getattr(module, attr, None)
+def load_callable(spec: str, key: str = "reward function") -> Callable:
+    """``"package.module:function"`` → the function (how users bring their own rewards), imported by
+    ``rollwise.imports``' rule (the working directory and the recipe's directory are importable);
+    ``key`` is the config key that names it, for errors."""
+    from rollwise.imports import import_spec
+
+    fn = import_spec(spec, key, what="callable")
     if not callable(fn):
-        raise ConfigError(f"reward function '{spec}': module '{module_name}' has no callable '{attr}'")
+        module_name, _, attr = spec.partition(":")
+        raise ConfigError(f"{key}: '{spec}': '{attr}' in module '{module_name}' is not callable")
     return fn
 
 
@@ -136,8 +138,12 @@ def _values(rf: RewardFn, prompts, completions, kwargs, n: int) -> tuple[list, i
             raise ValueError(f"returned {len(values)} values for {n} completions")
         return values, 0
     except Exception as err:  # a reward function must not take training down
-        log.warning("reward function '%s' raised %s: %s; scoring this batch 0", rf.name, type(err).__name__, err)
-        return [Score(0.0, f"{rf.name} raised {type(err).__name__}: {err}")] * n, n
+        if not rf.warned:  # once: every later failure is counted (reward/<name>/errors, summary.json)
+            rf.warned = True
+            log.warning("reward function '%s' raised %s: %s; its rollouts score 0 for it (each failure is counted "
+                        "in reward/%s/errors and summary.json's reward_failures)", rf.name, type(err).__name__, err,
+                        rf.name)
+        return [Score(0.0, f"{rf.name}{RAISED}{type(err).__name__}: {err}")] * n, n
 
 
 def _component(r: Rollout, name: str, v) -> float:
@@ -145,7 +151,7 @@ def _component(r: Rollout, name: str, v) -> float:
     is not a finite number); returns the value recorded."""
     value = finite(v)
     if value is None:
-        value, reason = 0.0, f"non-finite ({v!r:.40})"
+        value, reason = 0.0, f"{NON_FINITE} ({v!r:.40})"
     else:
         reason = getattr(v, "reason", "")
     r.reward_components[name] = value
@@ -176,6 +182,10 @@ def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict
             totals[i] += rf.weight * _component(r, rf.name, v)
             if answers[i] is None and isinstance(getattr(v, "answer", None), str):
                 answers[i] = v.answer
+        if bad and not rf.warned:
+            rf.warned = True
+            log.warning("reward function '%s' returned %d values that are not finite numbers; they score 0 (each "
+                        "is counted in reward/%s/non_finite and summary.json's reward_failures)", rf.name, bad, rf.name)
         metrics[f"reward/{rf.name}/errors"] = float(errors)
         metrics[f"reward/{rf.name}/non_finite"] = float(bad)
     bad = 0
@@ -207,3 +217,40 @@ def component_means(groups: list[RolloutGroup]) -> dict[str, float]:
                 values.setdefault(name, []).append(v)
     return {f"reward/{name}": sum(v) / len(v) for name, v in values.items()}
 
+
+
+def reward_failures(groups: list[RolloutGroup]) -> dict[str, dict]:
+    """Per reward component scored on these rollouts: ``{"rollouts", "errors", "non_finite",
+    "first_reason"}`` — rollouts it scored, those where its function failed (raised or returned
+    the wrong number of values), those whose value was not finite, and the first failure's reason
+    (None if none). Read from the reasons ``score_groups`` records, so it counts the same wherever
+    the rollouts were scored (in process, the async producer, rollout workers)."""
+    out: dict[str, dict] = {}
+    for g in groups:
+        for r in g.rollouts:
+            for name in r.reward_components:
+                rec = out.setdefault(name, {"rollouts": 0, "errors": 0, "non_finite": 0, "first_reason": None})
+                rec["rollouts"] += 1
+                reason = r.reward_reasons.get(name, "")
+                kind = ("errors" if reason.startswith(name + RAISED) else
+                        "non_finite" if reason.startswith(NON_FINITE) else None)
+                if kind is not None:
+                    rec[kind] += 1
+                    rec["first_reason"] = rec["first_reason"] or reason
+    return out
+
+
+def add_failures(total: dict[str, dict], step: dict[str, dict]) -> dict[str, dict]:
+    """``total`` with one step's ``reward_failures`` added (counts summed, the earliest reason kept).
+
+    >>> add_failures({"f": {"rollouts": 2, "errors": 2, "non_finite": 0, "first_reason": "a"}},
+    ...              {"f": {"rollouts": 2, "errors": 1, "non_finite": 1, "first_reason": "b"}})["f"]
+    {'rollouts': 4, 'errors': 3, 'non_finite': 1, 'first_reason': 'a'}
+    """
+    out = {name: dict(rec) for name, rec in total.items()}
+    for name, rec in step.items():
+        mine = out.setdefault(name, {"rollouts": 0, "errors": 0, "non_finite": 0, "first_reason": None})
+        for key in ("rollouts", "errors", "non_finite"):
+            mine[key] += rec[key]
+        mine["first_reason"] = mine["first_reason"] or rec["first_reason"]
+    return out

@@ -110,8 +110,12 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0):
 
 def encode_prompt(tokenizer, prompt) -> list[int]:
     """Prompt token ids: the chat template for conversational prompts (when the tokenizer has
-    one, with the generation prompt appended, as TRL does), else the text with special tokens."""
-    if prompt.messages is not None and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True)
+    one, with the generation prompt appended, as TRL does) and for plain prompts marked
+    ``Prompt.chat_template`` (as one user message), else the text with special tokens."""
+    messages = prompt.messages
+    if messages is None and getattr(prompt, "chat_template", False):
+        messages = [{"role": "user", "content": prompt.text}]
+    if messages is not None and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
     return tokenizer(prompt.text)["input_ids"]

@@ -53,6 +53,12 @@ class Task:
     when the task has no demonstrations) — for a multi-turn episode, a list of ``(text,
     the model wrote it)`` segments: each model segment is a turn that ends with EOS, the others
     are what the environment inserts and are not trained (``train/sft.py``).
+
+    ``judge_from_rewards``: the eval judge is the first of the recipe's ``rewards:`` when it lists
+    any, else the first of ``rewards`` (``task.name: file`` without ``task.reward``;
+    ``filter/registry.py``). ``check_tokenizer(tokenizer)`` is called once with the run's tokenizer:
+    it raises a ``ConfigError`` for a task the tokenizer cannot serve and returns a line for the log
+    at start (or None).
     """
 
     name: str
@@ -62,3 +68,5 @@ class Task:
     demonstrate: Callable[[Prompt], str | list[tuple[str, bool]] | None] | None = None
     description: str = ""
     stop_strings: list[str] = field(default_factory=list)
+    judge_from_rewards: bool = False
+    check_tokenizer: Callable[[object], str | None] | None = None

@@ -28,7 +28,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from rollwise.config import ConfigError, StrictModel
-from rollwise.filter.registry import builtin_rewards
+from rollwise.filter.registry import builtin_rewards, reward_function
+from rollwise.imports import find_file
 from rollwise.tasks.base import ListSource, Task
 from rollwise.types import Prompt
 
@@ -47,14 +48,20 @@ class FileTaskConfig(StrictModel):
     prompt_field: str = Field("prompt", description="field holding the prompt: a string or a list of {role, content}")
     answer_field: str | None = Field("answer", description="field holding the reference answer (null: none)")
     demo_field: str | None = Field(None, description="field holding a worked solution, used for SFT demonstrations")
-    reward: str = Field("math_answer", description="built-in reward to score with (`rollwise list rewards`)")
+    reward: str | None = Field(
+        None, description="the eval judge, and the reward when `rewards:` is unset: a built-in (`rollwise list "
+        "rewards`) or package.module:function (null: the first of `rewards:`, else math_answer)")
+    chat_template: Literal["auto", True, False] = Field(
+        "auto", description="plain-string prompts through the model's chat template as one user message: auto = "
+        "when the tokenizer has one, true = required, false = never (chat-style prompts always use it)")
 
     @field_validator("reward")
     @classmethod
-    def _known_reward(cls, value: str) -> str:
+    def _known_reward(cls, value: str | None) -> str | None:
         known = builtin_rewards()
-        if value not in known:
-            raise ValueError(f"unknown reward {value!r}; built-in rewards: {', '.join(known)}")
+        if value is not None and ":" not in value and value not in known:
+            raise ValueError(f"unknown reward {value!r}; built-in rewards: {', '.join(known)}, "
+                             "or 'package.module:function'")
         return value
 
     def build(self, seed: int, sandbox=None) -> Task:
@@ -91,8 +98,9 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, dict]]:
 
 
 def read_rows(path: str, key: str) -> list[tuple[int, dict]]:
-    """``(index, row)`` pairs of a JSONL or Parquet file; ``key`` is the config key naming it."""
-    p = Path(path)
+    """``(index, row)`` pairs of a JSONL or Parquet file; ``key`` is the config key naming it. A
+    relative path is read from the working directory, else the recipe's (``rollwise.imports``)."""
+    p = find_file(path, key)
     if not p.is_file():
         raise ConfigError(f"{key}: file '{p}' does not exist (or is not a regular file)")
     suffix = p.suffix.lower()
@@ -130,18 +138,19 @@ def _prompt_text(value: Any, where: str, name: str) -> tuple[str, list | None]:
 def make_prompt(cfg: FileTaskConfig, row: dict, pid: str, where: str) -> Prompt:
     """One row as a Prompt: mapped fields taken out, every other field kept in ``columns``."""
     text, messages = _prompt_text(_field(row, cfg.prompt_field, "task.prompt_field", where), where, cfg.prompt_field)
-    columns = {k: v for k, v in row.items() if k not in (cfg.prompt_field, cfg.answer_field)}
+    columns = {k: v for k, v in row.items() if k != cfg.prompt_field}  # the answer's field too, by its own name
     answer = None
     if cfg.answer_field is not None:
         answer = str(_field(row, cfg.answer_field, "task.answer_field", where))
         columns["answer"] = answer  # the mapped answer wins over any column literally named "answer"
     if cfg.demo_field is not None:
         _field(row, cfg.demo_field, "task.demo_field", where)
-    return Prompt(id=pid, text=text, answer=answer, columns=columns, messages=messages)
+    return Prompt(id=pid, text=text, answer=answer, columns=columns, messages=messages,
+                  chat_template=messages is None and cfg.chat_template is not False)
 
 
 def _prompts(cfg: FileTaskConfig, path: str, key: str, id_prefix: str) -> list[Prompt]:
-    p = Path(path)
+    p = find_file(path, key)
     return [make_prompt(cfg, row, f"{id_prefix}{i}", _where(p, i)) for i, row in read_rows(path, key)]
 
 
@@ -168,9 +177,37 @@ def _sample(prompts: list[Prompt], size: int | None, seed: int) -> list[Prompt]:
     return [p for i, p in enumerate(prompts) if i in keep]
 
 
+def _rewards(cfg: FileTaskConfig, sandbox) -> dict:
+    """The task's own reward: ``task.reward``, else math_answer on the answers, else none (then the
+    recipe's ``rewards:`` must list some; ``filter.registry.resolve_rewards`` says so)."""
+    if cfg.reward is not None:
+        name, fn = reward_function(cfg.reward, "task.reward", builtin_rewards(sandbox))
+        if name == "math_answer" and cfg.answer_field is None:
+            raise ConfigError("task.reward 'math_answer' needs reference answers: set task.answer_field")
+        return {name: fn}
+    return {"math_answer": builtin_rewards(sandbox)["math_answer"]} if cfg.answer_field is not None else {}
+
+
+def chat_template_check(setting):
+    """``Task.check_tokenizer`` for ``task.chat_template``: the line the run logs at start (None when
+    nothing changes: auto on a tokenizer without a template), a ConfigError for true without one."""
+    def check(tokenizer) -> str | None:
+        has = bool(getattr(tokenizer, "chat_template", None))
+        if setting is True and not has:
+            raise ConfigError("task.chat_template=true but the model's tokenizer has no chat template; set "
+                              "task.chat_template=auto (plain text then) or use a chat model")
+        if setting is False:
+            return ("task.chat_template=false: plain prompts are tokenized as plain text, though the model has a chat "
+                    "template" if has else None)
+        if not has:
+            return None
+        return (f"task.chat_template={str(setting).lower()}: plain prompts go through the model's chat template as "
+                "one user message (task.chat_template=false: as plain text)")
+    return check
+
+
 def build(cfg: FileTaskConfig, seed: int = 0, sandbox=None) -> Task:
-    if cfg.reward == "math_answer" and cfg.answer_field is None:
-        raise ConfigError("task.reward 'math_answer' needs reference answers: set task.answer_field")
+    rewards = _rewards(cfg, sandbox)
     train, evals = _split(cfg, seed)
     eval_texts = {p.text for p in evals}
     train = [p for p in train if p.text not in eval_texts]
@@ -181,7 +218,9 @@ def build(cfg: FileTaskConfig, seed: int = 0, sandbox=None) -> Task:
         name="file",
         train=ListSource(train, seed),
         eval=evals,
-        rewards={cfg.reward: builtin_rewards(sandbox)[cfg.reward]},
+        rewards=rewards,
         demonstrate=(lambda prompt: str(prompt.columns[demo_field])) if demo_field else None,
         description=f"{cfg.path}: {len(train)} train prompts, {len(evals)} eval prompts",
+        judge_from_rewards=cfg.reward is None,
+        check_tokenizer=chat_template_check(cfg.chat_template),
     )

@@ -41,7 +41,7 @@ from rollwise.optim.objective import assign_advantages
 from rollwise.optim.update import UpdateSpec, policy_update
 from rollwise.replay import build_replay
 from rollwise.replay import check_composition as check_replay
-from rollwise.train import rundir
+from rollwise.train import outcome, rundir
 from rollwise.train.build import (
     async_threads,
     check_workers,
@@ -78,6 +78,7 @@ class Trainer:
         lora.check_composition(cfg)
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.seed)
         self.reward_fns, self.judge = resolve_rewards(cfg.rewards, self.task, self.sandbox)
+        outcome.start_notes(self.task, self.tokenizer, self.judge, cfg.rewards is not None)  # judge, chat template
         self.optimizer = torch.optim.AdamW(  # model.lora: the adapters only
             lora.trainable_parameters(self.model), lr=cfg.optim.lr, betas=cfg.optim.betas,
             weight_decay=cfg.optim.weight_decay,
@@ -200,6 +201,7 @@ class Trainer:
         cfg, start = self.cfg, time.perf_counter()
         step, metrics = self.state.step, dict(batch.metrics)
         metrics |= assign_advantages(batch.groups, cfg.objective)  # within the groups as sampled
+        outcome.count_step(self.state, batch.groups, metrics)  # reward failures, no reward spread: summary.json
         if self.rollout_log is not None:  # a sample of the scored groups for the report
             self.rollout_log.log(step + 1, batch.groups)
         self.last_tree = next((g for g in batch.groups if g.tree is not None), None)
@@ -307,7 +309,9 @@ class Trainer:
             episodes=self.generator if self.episodic else None,
         )
 
-    def record_eval(self) -> EvalResult:
+    def record_eval(self) -> EvalResult | None:
+        if not self.eval_prompts:  # no eval split: training goes on, summary.json says there was no eval
+            return None
         result = self.evaluate()
         if self.state.initial_accuracy is None:
             self.state.initial_accuracy = result.accuracy
@@ -348,7 +352,7 @@ class Trainer:
             raise RuntimeError("Trainer.fit: call prepare() first")
         if self.state.step == 0 and self.state.initial_accuracy is None:
             result = self.record_eval()
-            if on_eval:
+            if on_eval and result is not None:
                 on_eval(0, result)
         session_start, base_wall = time.perf_counter(), self.state.wall_seconds
         self.stopped_by = until.reached(self.state)
@@ -363,7 +367,7 @@ class Trainer:
             last = self.stopped_by is not None
             if (tc.eval_every and step % tc.eval_every == 0) or last:
                 result = self.record_eval()
-                if on_eval:
+                if on_eval and result is not None:
                     on_eval(step, result)
             if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or last:
                 self.checkpoint()
@@ -375,7 +379,7 @@ class Trainer:
         return summary
 
     def summary(self) -> dict:
-        return run_summary(self.state, self.cfg, self.task.name)
+        return run_summary(self.state, self.cfg, self.task.name, self.judge.name, bool(self.eval_prompts))
 
     def write_report(self) -> Path | None:
         """Write ``report.html`` into the run directory; a failure is a warning, never a failed run."""

@@ -7,6 +7,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rollwise.train.config import RunConfig
 from rollwise.train.loop import Trainer
+from rollwise.train.outcome import closing_lines
 
 
 def _progress(console: Console) -> Progress:
@@ -60,9 +61,12 @@ def _passk(pass_at: dict[int, float], maj_at: dict[int, float]) -> str:
 
 def _print_summary(console: Console, s: dict, run_dir) -> None:
     a0, a1 = s["initial_accuracy"], s["final_accuracy"]
-    delta = (a1 - a0) * 100 if a0 is not None and a1 is not None else float("nan")
-    console.print(
-        f"[bold green]learned[/]: eval accuracy {a0:.1%} → {a1:.1%} ({delta:+.1f} points) "
-        f"in {s['steps']} RL steps, {s['wall_seconds'] / 60:.1f} min, {s['generated_tokens']:,} generated tokens"
-    )
+    cost = f"{s['steps']} RL steps, {s['wall_seconds'] / 60:.1f} min, {s['generated_tokens']:,} generated tokens"
+    if a0 is None or a1 is None:  # no eval split (closing_lines says so)
+        console.print(f"[bold green]trained[/]: {cost}")
+    else:
+        console.print(f"[bold green]learned[/]: eval accuracy {a0:.1%} → {a1:.1%} ({(a1 - a0) * 100:+.1f} points) "
+                      f"in {cost}")
+    for line in closing_lines(s):  # no eval, failed reward functions, nothing trained
+        console.print(line)
     console.print(f"run directory: {run_dir}")

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -18,6 +18,9 @@ class TrainState:
     last_accuracy: float | None = None
     reference_moved_at: int | None = None  # the step the reference model became the policy (ReMix), if any
     skipped_updates: int = 0  # optimizer passes skipped because their loss or gradient norm was not finite
+    # per reward function that scored: rollouts, errors, non-finite values, first failure reason (train/outcome.py)
+    reward_failures: dict = field(default_factory=dict)
+    zero_signal_steps: int = 0  # steps in which no group had a reward spread (nothing trained)
 
 
 @dataclass(frozen=True)
@@ -51,13 +54,21 @@ class RunLimits:
         return max(used)
 
 
-def run_summary(state: TrainState, cfg, task_name: str) -> dict:
-    """``summary.json``: the run's outcome and what it was (``cfg``: its ``RunConfig``)."""
+def run_summary(state: TrainState, cfg, task_name: str, judge: str | None = None, has_eval: bool = True) -> dict:
+    """``summary.json``: the run's outcome and what it was (``cfg``: its ``RunConfig``; ``judge``: the
+    eval judge's name; ``has_eval``: the task has an eval split). Keys: ``train/outcome.py``."""
+    from rollwise.train.outcome import NO_EVAL
+
     out = {
         "initial_accuracy": state.initial_accuracy, "final_accuracy": state.last_accuracy, "steps": state.step,
         "wall_seconds": round(state.wall_seconds, 2), "generated_tokens": state.generated_tokens, "seed": cfg.seed,
-        "task": task_name, "method": cfg.objective.method,
+        "task": task_name, "method": cfg.objective.method, "eval_judge": judge,
+        "reward_failures": {name: rec for name, rec in state.reward_failures.items()
+                            if rec["errors"] or rec["non_finite"]},
+        "zero_signal_steps": state.zero_signal_steps,
     }
+    if not has_eval:
+        out["eval"] = NO_EVAL
     if cfg.control.method != "none":
         out["control"] = cfg.control.method
     if cfg.replay.method != "none":

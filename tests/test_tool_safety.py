@@ -375,3 +375,42 @@ def test_python_tool_uses_the_runs_sandbox_settings(tmp_path, no_bubblewrap):
         assert env.env.sandbox is trainer.sandbox and trainer.sandbox.started
         env.reset({})
         assert env.call(ToolCall("run_python", {"code": "print(6 * 7)"})).text == "42"
+
+
+class FailsOnEveryOtherEpisode:
+    """``reset`` raises on every second episode (counted in the worker process, where instances live)."""
+
+    resets = 0
+
+    def reset(self, **row):
+        type(self).resets += 1
+        if type(self).resets % 2 == 0:
+            raise ValueError("the simulator crashed")
+
+    def ping(self) -> str:
+        """Answer pong."""
+        return "pong"
+
+
+def test_training_goes_on_when_environments_fail(tmp_path):
+    """The run's view: failed episodes are counted, score 0 with the reason, train nothing; the steps run."""
+    import torch
+
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+
+    cfg = load_run_config(None, [f"output_dir={tmp_path}", "task.max_digits=2", "task.eval_size=2",
+                                 "rollout.prompts_per_step=2", "rollout.num_generations=4",
+                                 "rollout.max_new_tokens=24", f"rollout.environment={HERE}:FailsOnEveryOtherEpisode",
+                                 "optim.micro_batch_size=8", "model.threads=1", "train.eval_samples=0",
+                                 "train.eval_every=0", "optim.lr=1e-2"])
+    with Trainer(cfg) as trainer:
+        trainer.prepare()
+        from rollwise.filter.rewards import RewardFn  # a reward with signal for a random model: even length
+
+        trainer.reward_fns = [RewardFn("even", lambda completions, **_: [float(len(c) % 2 == 0) for c in completions])]
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+        metrics = [trainer.step() for _ in range(2)]
+        assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    for m in metrics:  # 8 episodes a step, every second one failed at reset
+        assert m["episode/env_failed"] == 4.0 and m["episodes/failed"] == 4.0

@@ -152,4 +152,44 @@ def test_config_validation(tmp_path):
     with pytest.raises(ConfigError, match="prompt_field"):
         config(tmp_path / "d.jsonl", promt_field="q")
     write_jsonl(tmp_path / "d.jsonl", ROWS)
-    assert "task.answer_field" in error(tmp_path, answer_field=None)
+    # math_answer named without answers; unset task.reward without answers is refused when the rewards
+    # are resolved, unless rewards: lists some (tests/test_eval_judge.py)
+    assert "task.answer_field" in error(tmp_path, answer_field=None, reward="math_answer")
+
+
+def test_the_answer_field_reaches_reward_functions_by_its_own_name(tmp_path):
+    task = config(write_jsonl(tmp_path / "d.jsonl", ROWS), answer_field="solution", eval_fraction=0.0).build(seed=0)
+    prompt = next(p for p in all_train(task, 50) if p.id == "row-3")
+    assert prompt.answer == " #### 6" and prompt.reward_columns()["solution"] == " #### 6"
+    assert prompt.reward_columns()["answer"] == " #### 6"  # and as `answer`, TRL-style
+
+
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}A:"
+
+
+def test_plain_prompts_get_the_chat_template_of_a_chat_model(tmp_path):
+    """task.chat_template: auto (default) and true wrap a plain prompt as one user message through
+    the tokenizer's chat template; false, or a tokenizer without one (the tiny presets), keep the text."""
+    from rollwise.model.load import encode_prompt
+    from rollwise.model.tiny import char_tokenizer
+
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    plain_tok, chat_tok = char_tokenizer(), char_tokenizer()
+    chat_tok.chat_template = CHAT_TEMPLATE
+    for setting, templated in (("auto", True), (True, True), (False, False)):
+        task = config(path, chat_template=setting).build(seed=0)
+        prompt = task.train.get(0)
+        assert prompt.messages is None  # reward functions still get the plain string
+        ids = encode_prompt(chat_tok, prompt)
+        assert (chat_tok.decode(ids) == f"<user>{prompt.text}A:") is templated
+        if not templated:
+            assert ids == chat_tok(prompt.text)["input_ids"]
+        assert encode_prompt(plain_tok, prompt) == plain_tok(prompt.text)["input_ids"]
+        note = task.check_tokenizer(chat_tok)  # what the run logs at start
+        assert note.startswith(f"task.chat_template={str(setting).lower()}: plain prompts")
+        assert ("through the model's chat template" in note) is templated
+    assert config(path).build(seed=0).check_tokenizer(plain_tok) is None  # auto, no template: nothing to say
+    with pytest.raises(ConfigError, match="task.chat_template=true.*no chat template"):
+        config(path, chat_template=True).build(seed=0).check_tokenizer(plain_tok)
+    with pytest.raises(ConfigError, match="chat_template"):
+        config(path, chat_template="yes")

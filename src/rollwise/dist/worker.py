@@ -68,7 +68,7 @@ class RolloutWorker:
             self.generator = EpisodeSampler(params, self.tokenizer, envs, fmt, cfg.rollout.max_turns)
         else:
             self.generator = build_generator(cfg.rollout, params, self.decode)
-        self.reward_fns = resolve_rewards(cfg.rewards, task, self.sandbox)[0] if score else None
+        self.reward_fns = resolve_rewards(cfg.rewards, task, self.sandbox, warn=False)[0] if score else None
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -43,10 +43,8 @@ its group's statistics (their shared reward), not once per segment.
 
 from __future__ import annotations
 
-import os
 import pickle
 import secrets
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -64,8 +62,10 @@ MODEL_NAME = "policy"  # the model id a harness asks for (row["model"])
 def load_harness(spec: str):
     """``rollout.harness`` → the ``async def rollout(client, row)`` it names (imported here to check it;
     the worker process imports it again by the same spec)."""
-    if "" not in sys.path and os.getcwd() not in sys.path:  # like `python -m`: modules beside the run
-        sys.path.append(os.getcwd())
+    from rollwise.imports import import_spec
+
+    if ":" in spec:  # the working directory and the recipe's are importable (on sys.path for the worker process)
+        import_spec(spec, "rollout.harness", what="function")
     try:
         return import_harness(spec)
     except ValueError as err:

@@ -31,7 +31,6 @@ Guarantees (docs/environments.md):
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import threading
 from collections.abc import Callable
@@ -61,12 +60,10 @@ def load_environment(spec: str) -> Callable[[], object]:
     if not module_name or not attr:
         raise ConfigError(f"rollout.environment: {spec!r} is neither a built-in ({', '.join(ENVIRONMENTS)}) nor "
                           "'package.module:Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ConfigError(f"rollout.environment: cannot import module {module_name!r} ({err})") from None
-    cls = getattr(module, attr, None)
-    if cls is None or not callable(cls):
+    from rollwise.imports import import_spec  # the working directory and the recipe's are importable
+
+    cls = import_spec(target, "rollout.environment", what="class")
+    if not callable(cls):
         raise ConfigError(f"rollout.environment: module {module_name!r} has no class {attr!r}")
     if not callable(getattr(cls, "reset", None)):
         raise ConfigError(f"rollout.environment: {spec!r} has no reset(**row) method (TRL's environment contract)")

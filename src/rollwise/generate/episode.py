@@ -39,7 +39,6 @@ from rollwise.engine.state import PartialState
 from rollwise.generate.base import Generator
 from rollwise.generate.conversation import ChatRenderer
 from rollwise.seeds import derive
-from rollwise.tasks.tool_calls import parse_calls
 from rollwise.types import Prompt, Rollout, RolloutGroup, Turn
 
 ERROR_KINDS = ("parse", "unknown_tool", "bad_arguments", "raised", "timeout")
@@ -169,7 +168,7 @@ class EpisodeSampler(Generator):
         ep.finish = c.finish_reason
         text = self.tokenizer.decode(new, skip_special_tokens=True)  # this turn's sampled ids only
         ep.messages.append({"role": "assistant", "content": text})
-        calls = parse_calls(self.fmt, text) if c.finish_reason == "stop" else []
+        calls = self.fmt.safe_parse(text) if c.finish_reason == "stop" else []
         if not calls or turn + 1 >= self.max_turns:
             ep.done = True
             return

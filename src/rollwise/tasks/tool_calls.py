@@ -46,6 +46,11 @@ class ToolFormat:
     uses_chat_template = False  # results go in as tool messages through the tokenizer's chat template
     open, close = "", ""
 
+    def safe_parse(self, text: str) -> list[ToolCall]:
+        """``parse_calls(self, text)``: never raises (generate/ reads formats through the object it is
+        given and never imports tasks/)."""
+        return parse_calls(self, text)
+
     def parse(self, text: str) -> list[ToolCall]:
         block = re.compile(re.escape(self.open) + "(.*?)(" + re.escape(self.close) + "|$)", re.DOTALL)
         return [self.read(body.strip()) if closed else
@@ -143,13 +148,15 @@ FORMATS: dict[str, ToolFormat] = {f.name: f for f in (Hermes(), Plain())}
 
 def parse_calls(fmt: ToolFormat, text: str) -> list[ToolCall]:
     """``fmt.parse(text)`` for callers that must not raise (the episode loop, the endpoint): a format
-    that overrides ``parse`` and fails anyway gives one call with the error, answered to the model."""
+    that overrides ``parse`` and fails anyway gives one call with the error, answered to the model.
+    (``ToolFormat.safe_parse`` is the same, for callers outside ``tasks``: the episode loop.)"""
     try:
         return list(fmt.parse(text))
     except RecursionError:
         return [ToolCall("", error="the tool call is nested too deeply to read")]
     except Exception as err:  # noqa: BLE001 — a user format's bug is the model's error message, not a crash
         return [ToolCall("", error=f"cannot read the tool calls ({type(err).__name__}: {str(err)[:80]})")]
+
 
 
 def tool_format(name: str, tokenizer) -> ToolFormat:

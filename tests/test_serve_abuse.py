@@ -97,7 +97,8 @@ def test_rollwise_serve_needs_an_api_key_off_loopback():
 
     from rollwise.cli import app
 
-    result = CliRunner().invoke(app, ["serve", "tiny", "--host", "0.0.0.0"], env={"ROLLWISE_API_KEY": ""})
+    # a documentation address (TEST-NET-1) no machine holds: were the check gone, binding would fail, not listen
+    result = CliRunner().invoke(app, ["serve", "tiny", "--host", "192.0.2.1"], env={"ROLLWISE_API_KEY": ""})
     assert result.exit_code == 2 and "--api-key" in result.output and "Traceback" not in result.output
 
 

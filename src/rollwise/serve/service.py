@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -93,6 +94,8 @@ class ChatService:
         self.sampling, self.episode_budget = sampling, episode_budget
         self.max_n, self.max_segments, self.open_tags_only = max_n, max_segments, open_tags_only
         self.episodes: OrderedDict[str, EpisodeLog] = OrderedDict()
+        # a training run opens and closes tags from its own thread while the server's loop reads and evicts them
+        self.lock = threading.RLock()
         self.stop_ids = tuple(t for t in {tokenizer.eos_token_id} if t is not None)
         self._counter = 0
 
@@ -103,12 +106,14 @@ class ChatService:
     # -- episodes ---------------------------------------------------------------------------------
     def open(self, tag: str, key: tuple[int, ...]) -> None:
         """Open a training run's episode: call k samples with ``derive(*key, k)`` whatever seed it asks."""
-        self.episodes[tag] = EpisodeLog(tuple(key), run=True)
+        with self.lock:
+            self.episodes[tag] = EpisodeLog(tuple(key), run=True)
 
     def close(self, tag: str) -> EpisodeLog | None:
         """Forget an episode (its unfinished requests are aborted); return its record."""
-        self.cancel(tag, "the episode was closed")
-        return self.episodes.pop(tag, None)
+        with self.lock:
+            self.cancel(tag, "the episode was closed")
+            return self.episodes.pop(tag, None)
 
     def cancel(self, tag: str, why: str = "the episode's requests were cancelled") -> None:
         """Abort an episode's unfinished requests (at the engine's next step); keep its record."""
@@ -119,6 +124,10 @@ class ChatService:
     def _log(self, tag: str | None) -> EpisodeLog | None:
         if tag is None:
             return None
+        with self.lock:
+            return self._touch(tag)
+
+    def _touch(self, tag: str) -> EpisodeLog:
         if tag not in self.episodes:
             if self.open_tags_only:
                 raise ApiError(404, f"episode '{tag}' is not open: this endpoint serves a training run and records "
@@ -131,11 +140,12 @@ class ChatService:
 
     def _forget_oldest(self, too_many, keep: str) -> None:
         """Forget tags this server opened itself, least recently used first, while ``too_many()``
-        (a training run's episodes are closed by the run, never here)."""
+        (a training run's episodes are closed by the run, never here; a call in flight still
+        answers, unrecorded)."""
         for tag in [t for t, lg in self.episodes.items() if not lg.run and t != keep]:
             if not too_many():
                 return
-            self.close(tag)
+            del self.episodes[tag]
 
     # -- one request -------------------------------------------------------------------------------
     def prepare(self, req: ChatRequest, tag: str | None) -> Work:
@@ -349,7 +359,8 @@ class ChatService:
         call = Call([m.key() for m in req.messages], choices, [m.as_chat() for m in req.messages], work.ticket.index)
         log.add(call, work.ticket, work.inserted)
         log.kv = kv_bytes(call)
-        self._bound_memory(keep=next((t for t, lg in reversed(self.episodes.items()) if lg is log), ""))
+        with self.lock:
+            self._bound_memory(keep=next((t for t, lg in reversed(self.episodes.items()) if lg is log), ""))
 
     def _bound_memory(self, keep: str) -> None:
         """Kept caches within ``kv_cache_mb`` and ``max_cached`` episodes, recorded ids within

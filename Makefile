@@ -38,7 +38,7 @@ test-all: $(STAMP)
 RECIPE ?= smollm2
 smollm2-seeds: $(STAMP)
 	mkdir -p runs
-	for s in 0 1 2; do $(BIN)/rollwise train recipes/$(RECIPE).yaml --set seed=$$s --set name=$(RECIPE)-s$$s \
+	for s in 0 1 2; do $(BIN)/rollwise train recipes/$(RECIPE).yaml --overwrite --set seed=$$s --set name=$(RECIPE)-s$$s \
 		--set model.threads=1 > runs/$(RECIPE)-s$$s.log 2>&1 & done; wait
 	$(BIN)/python scripts/seeds_table.py runs/$(RECIPE)-s0 runs/$(RECIPE)-s1 runs/$(RECIPE)-s2 \
 		--json docs/data/$(RECIPE).json
@@ -62,9 +62,9 @@ INPROC_RUNS := $(foreach s,0 1 2,runs/tiny_calculator-inproc-s$(s))
 tiny-harness: $(STAMP)
 	mkdir -p runs
 	for s in 0 1 2; do \
-		OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/tiny_calculator_harness.yaml --set seed=$$s \
+		OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/tiny_calculator_harness.yaml --overwrite --set seed=$$s \
 			--set name=tiny_calculator_harness-s$$s > runs/tiny_calculator_harness-s$$s.log 2>&1; \
-		OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/tiny_calculator.yaml --set seed=$$s \
+		OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/tiny_calculator.yaml --overwrite --set seed=$$s \
 			--set name=tiny_calculator-inproc-s$$s > runs/tiny_calculator-inproc-s$$s.log 2>&1; done
 	$(BIN)/python scripts/seeds_table.py --arm harness $(HARNESS_RUNS) --arm in_process $(INPROC_RUNS) \
 		--json docs/data/tiny_calculator_harness.json
@@ -72,7 +72,7 @@ tiny-harness: $(STAMP)
 tiny-tools: $(STAMP)
 	mkdir -p runs
 	for s in 0 1 2; do \
-		for r in tiny_calculator tiny_calculator_no_tool; do OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/$$r.yaml \
+		for r in tiny_calculator tiny_calculator_no_tool; do OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/$$r.yaml --overwrite \
 			--set seed=$$s --set name=$$r-s$$s > runs/$$r-s$$s.log 2>&1 & done; wait; done
 	$(BIN)/python scripts/seeds_table.py --arm tool $(TOOL_RUNS) --arm no_tool $(NO_TOOL_RUNS) \
 		--json docs/data/tiny_calculator.json

@@ -54,7 +54,8 @@ def test_countdown_and_file_tasks_train(tmp_path):
               "train.eval_size=4", "train.eval_samples=0", "model.threads=1"]
     for task in (["task.name=countdown", "task.eval_size=4", "sft.steps=3"],
                  ["task.name=file", f"task.path={tmp_path / 'data.jsonl'}", "task.prompt_field=question"]):
-        trainer = Trainer(load_run_config(None, [f"output_dir={tmp_path}", *task, *common]))
+        name = task[0].removeprefix("task.name=")  # one run directory each: a second run never replaces the first
+        trainer = Trainer(load_run_config(None, [f"output_dir={tmp_path}", f"name={name}", *task, *common]))
         trainer.prepare()
         m = run_steps(trainer, 1)[0]
         errors = {k: v for k, v in m.items() if k.startswith("reward/") and k.endswith("/errors")}

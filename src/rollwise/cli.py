@@ -67,13 +67,16 @@ def train(
     recipe: RecipeArg = None,
     set_: SetOpt = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue from the run's latest checkpoint")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace the run already in runs/<name> (removes "
+                                            "only the files rollwise wrote there)")] = False,
 ):
-    """Run RL (with the recipe's SFT warm start first, if any)."""
+    """Run RL (with the recipe's SFT warm start first, if any). A name that already holds a run is refused
+    unless --resume or --overwrite."""
     from rollwise.train.config import load_run_config
     from rollwise.train.run import run_training
 
     cfg = load_run_config(str(recipe) if recipe else None, set_ or [])
-    run_training(cfg, resume=resume, console=console)
+    run_training(cfg, resume=resume, console=console, overwrite=overwrite)
 
 
 @app.command()

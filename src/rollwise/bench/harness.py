@@ -151,7 +151,7 @@ def warm_start(out: Path, name: str, sets: list[str], console, recipe: str | Non
 
     with console.status(f"{name}: SFT warm start"):
         with Trainer(load_run_config(recipe, [f"output_dir={out}", f"name={name}", *sets, "train.steps=0"])) as t:
-            t.prepare()
+            t.prepare(overwrite=True)  # a killed bench (ablate) makes its unfinished warm start again
     return t.init_model_dir()
 
 
@@ -233,7 +233,7 @@ def train_run(sets: list[str], console, label: str, tokens: int | None = None, k
     evals, trace, steps = [], [], []
     start = time.perf_counter()
     with console.status(label) as status, Trainer(load_run_config(recipe, sets)) as trainer:
-        trainer.prepare()
+        trainer.prepare(overwrite=True)  # a killed bench (ablate) runs its unfinished arm again in place
         state = trainer.state
 
         def on_eval(step: int, result) -> None:

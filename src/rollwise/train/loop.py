@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 
 from rollwise import seeds
-from rollwise.config import ConfigError
 from rollwise.control import PromptCursor, PromptStats, build_controller
 from rollwise.control.difficulty import PolicyEmbedder
 from rollwise.control.rounds import PromptPrefixes, accept_and_refill, extend_rounds
@@ -52,7 +51,7 @@ from rollwise.train.build import (
     reference_model,
     seed_everything,
 )
-from rollwise.train.checkpoint import latest_checkpoint, load_reference, restore_run, save_run
+from rollwise.train.checkpoint import load_reference, restore_run, save_run
 from rollwise.train.collect import RoundSampler, ScoredBatch
 from rollwise.train.config import RunConfig
 from rollwise.train.metrics import Clock, MetricsLog, rollout_metrics, staleness_metrics, tree_record
@@ -272,17 +271,14 @@ class Trainer:
             self.pipeline = None
 
     # -- around the step --------------------------------------------------------------------
-    def prepare(self, resume: bool = False, on_sft_step=None) -> None:
-        """Fresh run: write config, run the SFT warm start, save the RL start. Resume: load the latest checkpoint."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        ckpt = latest_checkpoint(self.run_dir) if resume else None
-        if resume and ckpt is None:
-            raise ConfigError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'} "
-                              "(drop --resume to start the run)")
+    def prepare(self, resume: bool = False, on_sft_step=None, overwrite: bool = False) -> None:
+        """Fresh run: write config, run the SFT warm start, save the RL start. Resume: load the latest
+        checkpoint. A fresh run refuses a directory holding a run unless ``overwrite`` (``train/rundir.py``)."""
+        ckpt = rundir.check_start(self.run_dir, resume, overwrite)
         if ckpt is not None:
             restore_run(self, ckpt)
         else:
-            rundir.start_fresh(self.run_dir, self.cfg.model_dump(mode="json"))
+            rundir.start_fresh(self.run_dir, self.cfg.model_dump(mode="json"), overwrite=overwrite)
             if self.cfg.sft.steps:
                 s = self.cfg.sft
                 sft(self.model, self.tokenizer, self.task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rollwise.train import rundir
 from rollwise.train.config import RunConfig
 from rollwise.train.loop import Trainer
 from rollwise.train.outcome import closing_lines
@@ -17,10 +20,12 @@ def _progress(console: Console) -> Progress:
     )
 
 
-def run_training(cfg: RunConfig, resume: bool = False, console: Console | None = None) -> dict:
-    """Train ``cfg`` with a progress bar: ``Trainer.prepare`` (SFT warm start or resume), then ``Trainer.fit``."""
+def run_training(cfg: RunConfig, resume: bool = False, console: Console | None = None, overwrite: bool = False) -> dict:
+    """Train ``cfg`` with a progress bar: ``Trainer.prepare`` (SFT warm start or resume), then ``Trainer.fit``.
+    ``overwrite``: replace a run already in the run directory (else that is refused, before the model loads)."""
     console = console or Console()
     tc = cfg.train
+    rundir.check_start(Path(cfg.output_dir) / cfg.name, resume, overwrite)  # refused before minutes of loading
     with Trainer(cfg) as trainer, _progress(console) as bar:
         sft_bar = None
         if cfg.sft.steps and not resume:
@@ -29,7 +34,7 @@ def run_training(cfg: RunConfig, resume: bool = False, console: Console | None =
         def on_sft_step(step: int, loss: float) -> None:
             bar.update(sft_bar, completed=step + 1, info=f"loss {loss:.3f}")
 
-        trainer.prepare(resume=resume, on_sft_step=on_sft_step if sft_bar is not None else None)
+        trainer.prepare(resume=resume, on_sft_step=on_sft_step if sft_bar is not None else None, overwrite=overwrite)
         rl = bar.add_task(f"RL ({cfg.objective.method})", total=tc.steps, completed=trainer.state.step, info="")
         info = {"text": ""}
 

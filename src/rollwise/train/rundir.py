@@ -4,6 +4,10 @@
 A run directory (DESIGN.md) holds ``config.yaml``, ``metrics.jsonl`` and the other logs
 (``train/metrics.py``), ``checkpoints/`` (``train/checkpoint.py``), the starting point, the
 summary and the report.
+
+Nothing a user made is lost implicitly: a fresh run refuses a directory that already holds a
+run (``check_start``: continue it with resume, pick another name, or say overwrite), and
+overwrite removes only the files and directories listed in ``RUN_FILES`` / ``RUN_DIRS``.
 """
 
 from __future__ import annotations
@@ -15,23 +19,59 @@ from pathlib import Path
 
 import yaml
 
+from rollwise.config import ConfigError
 from rollwise.model import lora
 from rollwise.model.load import model_dir
+from rollwise.train.checkpoint import latest_checkpoint
 
-# what a run writes: a fresh run in an existing directory removes them, so nothing stale is resumed later
-RUN_FILES = ("metrics.jsonl", "samples.jsonl", "trees.jsonl", "evals.jsonl", "summary.json", "report.html",
-             "init_model.json")
-RUN_DIRS = ("checkpoints", "init_model")
+# what a run writes: a directory holding any of them holds a run (a fresh run refuses it), and
+# --overwrite removes exactly these — other files a user keeps there stay
+RUN_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "trees.jsonl", "evals.jsonl", "rollouts.jsonl",
+             "config_changes.jsonl", "summary.json", "report.html", "init_model.json")
+RUN_DIRS = ("checkpoints", "init_model", "tensorboard", "wandb")
 
 
-def start_fresh(run_dir: Path, config: dict) -> None:
-    """Write the resolved config (``config.yaml``) and remove what an earlier run left."""
+def run_files(run_dir: Path) -> list[str]:
+    """What rollwise wrote in ``run_dir`` (directories end in ``/``); empty: no run there."""
+    return [n for n in RUN_FILES if (run_dir / n).is_file()] + [f"{n}/" for n in RUN_DIRS if (run_dir / n).is_dir()]
+
+
+def check_start(run_dir: Path, resume: bool = False, overwrite: bool = False) -> Path | None:
+    """The checkpoint a ``resume`` continues from (None for a fresh run), or a ConfigError when the
+    directory does not allow it: a fresh run never replaces a run unless ``overwrite`` says so."""
+    if resume and overwrite:
+        raise ConfigError("--resume continues the run and --overwrite replaces it: choose one")
+    found = run_files(run_dir)
+    if resume:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is None and found:
+            raise ConfigError(f"--resume: {run_dir} has no checkpoint yet (checkpoints/step_N/, written every "
+                              "train.checkpoint_every steps and at the end): the run stopped before its first; "
+                              "start it again with --overwrite")
+        if ckpt is None:
+            raise ConfigError(f"--resume: no checkpoint to continue from, {run_dir} holds no run (drop --resume to "
+                              "start it, or check name and output_dir)")
+        return ckpt
+    if found and not overwrite:
+        ckpt = latest_checkpoint(run_dir)
+        held = f"checkpoints up to step {int(ckpt.name.removeprefix('step_'))}" if ckpt else "no checkpoint"
+        raise ConfigError(f"{run_dir} already holds a run ({held}); nothing was changed. Continue it with --resume, "
+                          f"start another with --set name=<new name>, or replace it with --overwrite (removes "
+                          f"what rollwise wrote there: {', '.join(found)}; other files stay)")
+    return None
+
+
+def start_fresh(run_dir: Path, config: dict, overwrite: bool = False) -> None:
+    """Write the resolved config (``config.yaml``) into a directory holding no run — with
+    ``overwrite``, after removing the files an earlier run wrote (``run_files``)."""
+    check_start(run_dir, overwrite=overwrite)
+    for name in run_files(run_dir):
+        if name.endswith("/"):
+            shutil.rmtree(run_dir / name)
+        else:
+            (run_dir / name).unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    for stale in RUN_FILES:
-        (run_dir / stale).unlink(missing_ok=True)
-    for stale in RUN_DIRS:
-        shutil.rmtree(run_dir / stale, ignore_errors=True)
 
 
 def save_init_model(run_dir: Path, cfg, model, tokenizer) -> None:

@@ -1,0 +1,92 @@
+"""Run directories are never lost: a fresh run refuses a directory that holds a run (every file
+left as it was) unless told ``--overwrite``; ``--resume`` continues it, with only the keys that do
+not change what the run computed allowed to change (recorded in ``config_changes.jsonl``)."""
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from rollwise.cli import app
+from rollwise.config import ConfigError
+from rollwise.train import rundir
+from rollwise.train.config import load_run_config
+from rollwise.train.loop import Trainer
+
+FAST = ["task.max_digits=2", "task.eval_size=4", "rollout.prompts_per_step=2", "rollout.num_generations=2",
+        "rollout.max_new_tokens=8", "train.eval_samples=0", "optim.micro_batch_size=8", "model.threads=1",
+        "train.checkpoint_every=1", "train.eval_every=0"]
+
+
+def train(tmp_path, *args, name="r", steps=2):
+    sets = [f"output_dir={tmp_path}", f"name={name}", *FAST, f"train.steps={steps}"]
+    argv = ["train", *[x for s in sets for x in ("--set", s)], *args]
+    return CliRunner().invoke(app, argv)
+
+
+def snapshot(run_dir):
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def test_a_second_run_with_the_same_name_refuses_and_keeps_every_file(tmp_path):
+    first = train(tmp_path)
+    assert first.exit_code == 0, first.output
+    before = snapshot(tmp_path / "r")
+    assert {"config.yaml", "metrics.jsonl", "summary.json", "checkpoints/step_000002/model.safetensors"} <= set(before)
+    written = {p.name for p in (tmp_path / "r").iterdir()}
+    assert written <= set(rundir.RUN_FILES) | set(rundir.RUN_DIRS)  # what --overwrite removes covers the run
+
+    again = train(tmp_path)
+    assert again.exit_code == 2, again.output
+    assert isinstance(again.exception, SystemExit)  # one line, no traceback
+    text = " ".join(again.output.split())
+    assert "already holds a run" in text and "--resume" in text and "--set name=" in text and "--overwrite" in text
+    assert snapshot(tmp_path / "r") == before  # byte for byte, nothing added or removed
+
+
+def test_overwrite_replaces_only_what_rollwise_wrote(tmp_path):
+    assert train(tmp_path, steps=2).exit_code == 0
+    notes = tmp_path / "r" / "notes.txt"
+    notes.write_text("mine")
+    result = train(tmp_path, "--overwrite", steps=1)
+    assert result.exit_code == 0, result.output
+    assert notes.read_text() == "mine"  # not a file rollwise writes: kept
+    assert not (tmp_path / "r" / "checkpoints" / "step_000002").exists()  # the old run's checkpoint is gone
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["steps"] == 1
+    assert yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["train"]["steps"] == 1
+
+
+def test_a_directory_without_a_run_may_be_used(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "README").write_text("my notes")
+    result = train(tmp_path, steps=1)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "r" / "README").read_text() == "my notes"
+
+
+def test_resume_and_overwrite_together_are_refused(tmp_path):
+    result = train(tmp_path, "--resume", "--overwrite", steps=1)
+    assert result.exit_code == 2 and "--resume" in result.output and "--overwrite" in result.output
+
+
+def test_the_library_refuses_too(tmp_path):
+    """``Trainer.prepare()`` guards the directory the same way; ``prepare(overwrite=True)`` replaces it."""
+    cfg = load_run_config(None, [f"output_dir={tmp_path}", "name=lib", *FAST, "train.steps=1"])
+    with Trainer(cfg) as t:
+        t.prepare()
+        t.fit()
+    before = snapshot(tmp_path / "lib")
+    with Trainer(cfg) as t, pytest.raises(ConfigError, match="already holds a run"):
+        t.prepare()
+    assert snapshot(tmp_path / "lib") == before
+    with Trainer(cfg) as t:
+        t.prepare(overwrite=True)
+    assert not (tmp_path / "lib" / "checkpoints").exists() and not (tmp_path / "lib" / "summary.json").exists()
+
+
+def test_what_a_run_writes_is_what_overwrite_removes():
+    """Files a run writes that a plain run above may not show (tree strategies, loggers, resumes)."""
+    assert {"config.yaml", "trees.jsonl", "evals.jsonl", "rollouts.jsonl", "init_model.json",
+            "config_changes.jsonl"} <= set(rundir.RUN_FILES)
+    assert {"checkpoints", "init_model", "tensorboard", "wandb"} <= set(rundir.RUN_DIRS)

@@ -33,3 +33,30 @@ def test_the_check_can_fail():
     from rollwise.filter.registry import builtin_rewards
 
     assert "``#``" in builtin_rewards()["arith"].__doc__
+
+
+def test_list_shows_environments():
+    """The built-in ``rollout.environment`` names are listed with what they do and their tools."""
+    from rollwise.tasks.environment import ENVIRONMENTS
+
+    result = CliRunner().invoke(app, ["list", "environments"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("environments\n")
+    for name in ENVIRONMENTS:
+        assert re.search(rf"^  {name} +\S", result.output, re.M), result.output
+    assert re.search(r"^  calculator +Exact arithmetic as a tool\. tools: calculate$", result.output, re.M)
+    assert re.search(r"^  python_tool +.*tools: run_python$", result.output, re.M)
+    assert "openenv:<url>" in result.output  # the other form rollout.environment takes
+    assert "environments\n" in CliRunner().invoke(app, ["list"]).output
+
+
+def test_one_row_per_objective_with_its_aliases():
+    """``sapo_gate`` is the catalogue's id for the ``sapo`` preset: one row, the alias named in it."""
+    from rollwise.optim.objective import PRESETS
+
+    result = CliRunner().invoke(app, ["list", "objectives"])
+    assert result.exit_code == 0, result.output
+    keys = re.findall(r"^  (\S+)", result.output, re.M)
+    assert "sapo" in keys and "sapo_gate" not in keys
+    assert re.search(r"^  sapo +\(also sapo_gate\) policy_loss=sapo", result.output, re.M), result.output
+    assert len(keys) == len({id(p) for p in PRESETS.values()})  # every preset once, none dropped

@@ -227,19 +227,21 @@ def serve(
 
 
 @app.command("list")
-def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives | strategies | controllers | replay | all")] = "all"):
-    """What this install knows: tasks, rewards, objectives, rollout strategies, controllers, replay methods."""
+def list_(what: Annotated[str, typer.Argument(
+        help="tasks | rewards | environments | objectives | strategies | controllers | replay | all")] = "all"):
+    """What this install knows: tasks, rewards, environments, objectives, rollout strategies, controllers,
+    replay methods."""
     from rollwise.control import CONTROLLERS
     from rollwise.filter.registry import builtin_rewards
     from rollwise.generate import STRATEGIES
     from rollwise.replay import REPLAY_METHODS
-    from rollwise.optim.objective import PRESETS
     from rollwise.tasks.registry import TASKS
 
     tables = {
         "tasks": {name: plain_summary(cls.__doc__) for name, cls in TASKS.items()},
         "rewards": {name: plain_summary(fn.__doc__) for name, fn in builtin_rewards().items()},
-        "objectives": {name: _objective_row(name, preset) for name, preset in PRESETS.items()},
+        "environments": _environment_rows(),
+        "objectives": _objective_rows(),
         **{name: {key: plain_summary(doc) for key, doc in rows.items()}
            for name, rows in (("strategies", STRATEGIES), ("controllers", CONTROLLERS), ("replay", REPLAY_METHODS))},
     }
@@ -251,6 +253,41 @@ def list_(what: Annotated[str, typer.Argument(help="tasks | rewards | objectives
             console.print(f"[bold]{name}[/]")
             for key, doc in rows.items():
                 console.print(f"  {key:<18} {doc}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _environment_rows() -> dict[str, str]:
+    """The built-in ``rollout.environment`` names: the class's summary and its tools (public methods
+    but the contract's own), then the other forms the key takes."""
+    import importlib
+    import inspect
+
+    from rollwise.tasks.environment import ENVIRONMENTS, RESERVED
+
+    rows = {}
+    for name, target in ENVIRONMENTS.items():
+        module, _, attr = target.partition(":")
+        cls = getattr(importlib.import_module(module), attr)
+        tools = [t for t, _ in inspect.getmembers(cls, inspect.isfunction)
+                 if not t.startswith("_") and t not in RESERVED]
+        rows[name] = f"{plain_summary(cls.__doc__)} tools: {', '.join(tools)}"
+    rows["package.module:Class"] = "your class, TRL's environment_factory contract: reset(**row), methods are tools"
+    rows["openenv:<url>"] = "an OpenEnv server's environment over its WebSocket (rollwise[openenv])"
+    return rows
+
+
+def _objective_rows() -> dict[str, str]:
+    """One row per objective preset; a name that is another id for the same preset (``sapo_gate``,
+    the methods catalogue's id for ``sapo``) is shown in its preset's row, not as a second row."""
+    from rollwise.optim.objective import PRESETS
+
+    aliases: dict[int, list[str]] = {}
+    for name, preset in PRESETS.items():
+        aliases.setdefault(id(preset), []).append(name)
+    rows = {}
+    for first, *others in aliases.values():
+        also = f"(also {', '.join(others)}) " if others else ""
+        rows[first] = also + _objective_row(first, PRESETS[first])
+    return rows
 
 
 def plain_summary(doc: str | None) -> str:

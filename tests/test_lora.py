@@ -307,8 +307,12 @@ def test_resuming_with_lora_switched_is_a_config_error(tmp_path, warm):
         t.fit()
     plain = [s for s in sets(tmp_path, warm, "run", *common) if not s.startswith("model.lora")]
     with Trainer(load_run_config(None, plain)) as t:
+        with pytest.raises(ConfigError, match=r"model.lora: \{.*\} → null \(the policy would be another model"):
+            t.prepare(resume=True)  # refused from config.yaml, before the checkpoint loads
+        from rollwise.train.checkpoint import latest_checkpoint, load_weights
+
         with pytest.raises(ConfigError, match="has no model.safetensors but has adapter.safetensors"):
-            t.prepare(resume=True)
+            load_weights(latest_checkpoint(t.run_dir), t.model)  # a checkpoint read on its own says so too
 
 
 def test_sft_with_lora_saves_a_merged_plain_model(tmp_path):

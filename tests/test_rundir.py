@@ -90,3 +90,50 @@ def test_what_a_run_writes_is_what_overwrite_removes():
     assert {"config.yaml", "trees.jsonl", "evals.jsonl", "rollouts.jsonl", "init_model.json",
             "config_changes.jsonl"} <= set(rundir.RUN_FILES)
     assert {"checkpoints", "init_model", "tensorboard", "wandb"} <= set(rundir.RUN_DIRS)
+
+
+def test_resume_applies_and_records_the_keys_that_may_change(tmp_path):
+    assert train(tmp_path, steps=2).exit_code == 0
+    result = train(tmp_path, "--resume", "--set", "train.eval_every=1", steps=3)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert f"resuming {tmp_path / 'r'} from step 2 (checkpoint {tmp_path / 'r' / 'checkpoints' / 'step_000002'})" in text
+    assert "train.steps: 2 → 3" in text and "train.eval_every: 0 → 1" in text
+    run = tmp_path / "r"
+    assert json.loads((run / "summary.json").read_text())["steps"] == 3  # the new stop applied
+    assert (run / "checkpoints" / "step_000003").is_dir()
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["train"]["steps"] == 3 and config["train"]["eval_every"] == 1  # config.yaml says what ran
+    lines = [json.loads(x) for x in (run / "config_changes.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 2, "key": "train.steps", "old": 2, "new": 3},
+                     {"step": 2, "key": "train.eval_every", "old": 0, "new": 1}]
+
+
+@pytest.mark.parametrize("change, old, new", [("optim.lr", "0.0001", "0.5"), ("rollout.num_generations", "2", "4")])
+def test_resume_refuses_a_change_to_what_the_run_computes(tmp_path, change, old, new):
+    assert train(tmp_path, steps=1).exit_code == 0
+    before = snapshot(tmp_path / "r")
+    result = train(tmp_path, "--resume", "--set", f"{change}={new}", steps=1)
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    text = " ".join(result.output.split())
+    assert f"{change}: {old} → {new}" in text and "model.path=" in text and "config.yaml --resume" in text
+    assert snapshot(tmp_path / "r") == before
+
+
+def test_a_stop_the_schedule_depends_on_is_refused(tmp_path):
+    sets = [f"output_dir={tmp_path}", "name=cos", *FAST, "optim.schedule=cosine"]
+    with Trainer(load_run_config(None, [*sets, "train.steps=1"])) as t:
+        t.prepare()
+        t.fit()
+    with Trainer(load_run_config(None, [*sets, "train.steps=4"])) as t:
+        with pytest.raises(ConfigError, match="optim.schedule=cosine decays the LR over train.steps"):
+            t.prepare(resume=True)
+
+
+def test_config_changes_compare_leaves_and_sections():
+    from rollwise.train.resume import config_changes
+
+    old = {"name": "a", "model": {"lora": None, "threads": 1}, "train": {"steps": 2, "report_to": []}, "gone": 1}
+    new = {"name": "b", "model": {"lora": {"r": 8}, "threads": 1}, "train": {"steps": 3, "report_to": ["wandb"]}}
+    assert [str(c) for c in config_changes(old, new)] == [
+        'model.lora: null → {"r": 8}', "train.steps: 2 → 3", 'train.report_to: [] → ["wandb"]']

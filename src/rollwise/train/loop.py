@@ -41,6 +41,7 @@ from rollwise.optim.update import UpdateSpec, policy_update
 from rollwise.replay import build_replay
 from rollwise.replay import check_composition as check_replay
 from rollwise.train import outcome, rundir
+from rollwise.train import resume as resume_rules
 from rollwise.train.build import (
     async_threads,
     check_workers,
@@ -108,6 +109,8 @@ class Trainer:
         self.log: MetricsLog | None = None
         self.rollout_log: RolloutLog | None = None  # rollouts.jsonl, opened by prepare()
         self.stopped_by: str | None = None  # the limit that ended the last fit()
+        self.resumed_from: Path | None = None  # the checkpoint prepare(resume=True) loaded
+        self.config_changes: list = []  # what that resume changed (train/resume.py)
         self.last_tree: RolloutGroup | None = None  # the last step's first tree group, for trees.jsonl at the next eval
 
     def set_controller(self, controller) -> None:
@@ -275,8 +278,12 @@ class Trainer:
         """Fresh run: write config, run the SFT warm start, save the RL start. Resume: load the latest
         checkpoint. A fresh run refuses a directory holding a run unless ``overwrite`` (``train/rundir.py``)."""
         ckpt = rundir.check_start(self.run_dir, resume, overwrite)
-        if ckpt is not None:
+        if ckpt is not None:  # keys that may change on resume apply and are recorded; others are refused first
+            config = self.cfg.model_dump(mode="json")
+            self.config_changes = resume_rules.check_changes(self.run_dir, config)
             restore_run(self, ckpt)
+            resume_rules.record_changes(self.run_dir, self.state.step, self.config_changes, config)
+            self.resumed_from = ckpt
         else:
             rundir.start_fresh(self.run_dir, self.cfg.model_dump(mode="json"), overwrite=overwrite)
             if self.cfg.sft.steps:

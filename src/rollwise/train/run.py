@@ -7,6 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rollwise.train import resume as resume_rules
 from rollwise.train import rundir
 from rollwise.train.config import RunConfig
 from rollwise.train.loop import Trainer
@@ -25,7 +26,9 @@ def run_training(cfg: RunConfig, resume: bool = False, console: Console | None =
     ``overwrite``: replace a run already in the run directory (else that is refused, before the model loads)."""
     console = console or Console()
     tc = cfg.train
-    rundir.check_start(Path(cfg.output_dir) / cfg.name, resume, overwrite)  # refused before minutes of loading
+    run_dir = Path(cfg.output_dir) / cfg.name
+    if rundir.check_start(run_dir, resume, overwrite):  # refused before minutes of model loading
+        resume_rules.check_changes(run_dir, cfg.model_dump(mode="json"))
     with Trainer(cfg) as trainer, _progress(console) as bar:
         sft_bar = None
         if cfg.sft.steps and not resume:
@@ -35,6 +38,11 @@ def run_training(cfg: RunConfig, resume: bool = False, console: Console | None =
             bar.update(sft_bar, completed=step + 1, info=f"loss {loss:.3f}")
 
         trainer.prepare(resume=resume, on_sft_step=on_sft_step if sft_bar is not None else None, overwrite=overwrite)
+        if trainer.resumed_from is not None:
+            console.print(f"resuming {trainer.run_dir} from step {trainer.state.step} (checkpoint "
+                          f"{trainer.resumed_from})", highlight=False, soft_wrap=True)
+            for change in trainer.config_changes:  # recorded in config_changes.jsonl
+                console.print(f"  changed on resume: {change}", highlight=False, soft_wrap=True)
         rl = bar.add_task(f"RL ({cfg.objective.method})", total=tc.steps, completed=trainer.state.step, info="")
         info = {"text": ""}
 

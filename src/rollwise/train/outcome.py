@@ -33,7 +33,8 @@ def start_notes(task, tokenizer, judge, rewards_configured: bool) -> None:
         if note:
             log.info(note)
     if rewards_configured:
-        log.info("eval judge: '%s' (correct = its score above 0.5)", judge.name)
+        source = "the first of rewards:" if task.judge_from_rewards else "the task's own reward"
+        log.info("eval judge: '%s' (%s; correct = its score above 0.5)", judge.name, source)
 
 
 def count_step(state, groups, metrics: dict[str, float]) -> None:

@@ -121,15 +121,31 @@ def runs(tmp_path_factory):
     with (hostile / "samples.jsonl").open("a") as f:
         f.write(json.dumps({"step": 4, "prompt": "1+1=" + HOSTILE, "completion": HOSTILE, "reward": 1.0,
                             "reasons": {"arith": "ok " + HOSTILE}, "answer": HOSTILE}) + "\n")
-        f.write(json.dumps({"step": 4, "prompt": "6*7=", "completion": "x", "reward": 1.0, "reasons": {}, "answer": "42",
+        f.write(json.dumps({"step": 4, "prompt": "6*7=", "completion": "x", "reward": 1.0, "reasons": {},
+                            "answer": "42",
                             "messages": EPISODE}) + "\n")
     tree = jsonl(hostile / "trees.jsonl")[-1]
     tree["nodes"][-1]["text"] = HOSTILE
     tree["leaves"][0] |= {"correct": True, "reward": 1.0}
     with (hostile / "trees.jsonl").open("a") as f:
         f.write(json.dumps(tree) + "\n")
+    group = jsonl(hostile / "rollouts.jsonl")[-1]
+    group["rollouts"][0] |= {"completion": HOSTILE, "reasons": {"arith": "why " + HOSTILE}, "messages": EPISODE}
+    with (hostile / "rollouts.jsonl").open("a") as f:
+        f.write(json.dumps(group) + "\n")
     return {"root": root, "group": root / "group", "tree": root / "tree", "hostile": hostile,
             "trainer": trainer, "tree_report": tree_report}
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory):
+    """A 30-step run (evals every 10 steps): what the page's length is judged on."""
+    sets = [f"output_dir={tmp_path_factory.mktemp('long')}", *FAST, "name=long", "train.steps=30",
+            "train.eval_every=10", "train.checkpoint_every=0"]
+    with Trainer(load_run_config(None, sets)) as trainer:
+        trainer.prepare()
+        trainer.fit()
+    return trainer.write_report()
 
 
 EPISODE = [{"role": "assistant", "content": '<tool_call>{"name": "calculate"}</tool_call>' + HOSTILE},
@@ -157,31 +173,55 @@ def test_train_writes_the_report_and_trees(runs):
             sum(n["tokens"] for n in t["nodes"] if n["id"] in leaf["path"]) for leaf in t["leaves"])  # shared
 
 
-def test_every_section_of_one_run(runs):
+def test_every_section_of_one_run_top_down(runs):
+    """Result, config, curves, training rollouts, eval samples, tree: in that order, the config shown."""
     dom = parse(runs["tree"] / "report.html")
-    for id_ in ("summary", "curves", "config-diff", "samples", "trees"):
-        dom.by_id(id_)
+    order = [el.attrs["id"] for el in dom.find_all("section")]
+    assert order == ["summary", "config", "curves", "rollouts", "samples", "trees"]
     summary = json.loads((runs["tree"] / "summary.json").read_text())
-    row = dom.by_id("summary").find_all("tr", data_run="tree")[0]
-    assert row.find_all("td", cls="accuracy")[0].text() == (
+    (head,) = dom.by_id("summary").find_all("div", cls="run-headline", data_run="tree")
+    assert head.find_all("b", cls="accuracy")[0].text() == (
         f"{summary['initial_accuracy']:.1%} → {summary['final_accuracy']:.1%}")
-    assert f"{summary['generated_tokens']:,}" in row.text() and "arith" in row.text() and "grpo" in row.text()
-    assert "nothing to compare" in dom.by_id("config-diff").text()
+    cost = head.find_all("p", cls="cost")[0].text()
+    assert f"{summary['generated_tokens']:,} generated tokens" in cost and "4 RL steps" in cost
+    assert "arith" in cost and "grpo" in cost
+    (config,) = dom.by_id("config").find_all("pre", cls="config")  # one run: its whole config.yaml, collapsed
+    assert "strategy: tree" in config.text() and config.parent.tag == "details"
     assert not parse(runs["group"] / "report.html").find_all(id="trees")  # no tree strategy, no tree section
 
 
-def test_curves_plot_every_logged_metric_once(runs):
+def _curve_items(dom: El) -> list[list[str]]:
+    """The metrics of each plotted curve (the key ones once: not their copies over other axes) and each flat row."""
+    curves = dom.by_id("curves")
+    axes = {id(f) for f in curves.find_all("figure") if f.parent.attrs.get("id") == "curves-axes"}
+    figures = [f.attrs["data-metrics"].split() for f in curves.find_all("figure") if id(f) not in axes]
+    return figures + [tr.attrs["data-metrics"].split() for tr in curves.find_all("tr") if "data-metrics" in tr.attrs]
+
+
+def test_curves_merge_equal_series_and_fold_flat_ones(runs):
+    """Each logged metric once: a curve stands for metrics whose series are equal (one 0/1 reward: reward/mean,
+    reward/arith, train/pass_rate), a constant series is a row of the collapsed flat list, not a plot."""
     dom = parse(runs["tree"] / "report.html")
-    figures = dom.by_id("curves").find_all("figure")
-    plotted = [m for f in figures for m in f.attrs["data-metrics"].split()]
-    logged = {k for m in jsonl(runs["tree"] / "metrics.jsonl") for k, v in m.items()
-              if k != "step" and isinstance(v, float)}
+    items = _curve_items(dom)
+    plotted = [m for item in items for m in item]
+    metrics = jsonl(runs["tree"] / "metrics.jsonl")
+    logged = {k for m in metrics for k, v in m.items() if k != "step" and isinstance(v, float)}
     assert sorted(plotted) == sorted(logged)  # each logged metric once; nothing not logged
-    ids = {f.attrs["id"] for f in figures}
-    assert {"curves-reward", "curves-eval", "curves-length", "curves-time", "curves-strategy"} <= ids
-    assert "tree/forks" in dom.by_id("curves-strategy").attrs["data-metrics"].split()
-    assert "eval/pass@2" in dom.by_id("curves-eval").attrs["data-metrics"].split()
-    for f in figures:
+
+    def series(name):
+        return [(m["step"], round(m[name], 6)) for m in metrics if name in m]
+
+    (reward,) = [item for item in items if "reward/mean" in item]
+    assert {"reward/arith", "train/pass_rate"} <= set(reward)
+    for item in items:  # what one item stands for is one series; two items are two different series
+        assert all(series(n) == series(item[0]) for n in item), item
+    assert len({tuple(series(item[0])) for item in items}) == len(items)
+    flat = dom.by_id("curves-flat")
+    assert flat.tag == "details" and "open" not in flat.attrs
+    folded = {m for tr in flat.find_all("tr") if "data-metrics" in tr.attrs for m in tr.attrs["data-metrics"].split()}
+    assert {"staleness/mean", "staleness/max", "update/skipped_nonfinite"} <= folded  # a sync run: always 0
+    assert f"{len(folded)} more metrics, flat" in flat.find_all("summary")[0].text()
+    for f in dom.by_id("curves").find_all("figure"):
         (img,) = f.find_all("img")
         prefix = "data:image/png;base64,"
         assert img.attrs["src"].startswith(prefix)
@@ -189,30 +229,86 @@ def test_curves_plot_every_logged_metric_once(runs):
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 2000
 
 
+def _png_width(figure: El) -> int:
+    png = base64.b64decode(figure.find_all("img")[0].attrs["src"].split(",", 1)[1])
+    return int.from_bytes(png[16:20], "big")
+
+
+def test_one_run_plots_over_steps_several_over_three_axes(runs, both):
+    """One run: the key curves over steps, side by side, the same over tokens and wall time collapsed; the
+    other groups collapsed. Several runs: overlaid over steps, generated tokens and wall time."""
+    curves = parse(runs["tree"] / "report.html").by_id("curves")
+    key = [f for f in curves.find_all("figure") if f.attrs["id"].startswith("curve-key-")]
+    assert key and key[0].parent.attrs.get("class") == "grid"
+    widths = {_png_width(f) for f in key}
+    (other_axes,) = [d for d in curves.find_all("details") if d.attrs.get("id") == "curves-axes"]
+    assert "open" not in other_axes.attrs and len(other_axes.find_all("figure")) == len(key)
+    assert all(_png_width(f) > 1.5 * max(widths) for f in other_axes.find_all("figure"))  # two axes
+    more = curves.find_all("details", cls="more-curves")
+    assert more and all("open" not in d.attrs for d in more)
+    assert any(d.attrs["id"] == "curves-time" for d in more)
+    _, dom = both
+    both_key = [f for f in dom.by_id("curves").find_all("figure") if f.attrs["id"].startswith("curve-key-")]
+    assert all(_png_width(f) > 2.5 * max(widths) for f in both_key) and not dom.find_all(id="curves-axes")
+
+
 def test_two_runs_overlaid_with_their_config_diff(runs, both):
     _, dom = both
-    keys = {tr.attrs["data-key"] for tr in dom.by_id("config-diff").find_all("tr") if "data-key" in tr.attrs}
+    keys = {tr.attrs["data-key"] for tr in dom.by_id("config").find_all("tr") if "data-key" in tr.attrs}
     assert keys == {"name", "rollout.strategy", "optim.lr"}
-    row = dom.by_id("config-diff").find_all("tr", data_key="rollout.strategy")[0]
+    row = dom.by_id("config").find_all("tr", data_key="rollout.strategy")[0]
     assert [td.text() for td in row.find_all("td")] == ["rollout.strategy", "group", "tree"]
+    assert len(dom.by_id("summary").find_all("div", cls="run-headline")) == 2
     assert len(dom.by_id("summary").find_all("tr")) == 3  # header + one row per run
-    # tree/* was logged by one run only: it is plotted, the other run simply has no line there
-    assert "tree/forks" in dom.by_id("curves-strategy").attrs["data-metrics"].split()
+    # tree/* was logged by one run only: it is plotted (or listed), the other run simply has no line there
+    assert any("tree/forks" in item for item in _curve_items(dom))
 
 
-def test_viewer_holds_every_eval_sample_with_its_reason(runs, both):
+def test_training_rollouts_section_shows_rewards_reasons_and_advantages(runs, long_run):
+    """Each logged step a collapsed block (the last open), each group its prompt and a row per rollout: reward,
+    advantage, every reward function's value and reason, the completion. A long run shows a few steps, evenly."""
+    dom = parse(runs["tree"] / "report.html")
+    logged = jsonl(runs["tree"] / "rollouts.jsonl")
+    blocks = dom.by_id("rollouts").find_all("details", cls="train-step")
+    assert [b.attrs["data-step"] for b in blocks] == ["1", "2", "3", "4"]
+    assert ["open" in b.attrs for b in blocks] == [False, False, False, True]
+    last = [g for g in logged if g["step"] == 4]
+    groups = blocks[-1].find_all("div", cls="group")
+    assert len(groups) == len(last) == 2
+    for div, g in zip(groups, last):
+        assert div.find_all("pre", cls="prompt")[0].text() == g["prompt"]
+        rows = div.find_all("tr", cls="rollout")
+        assert len(rows) == len(g["rollouts"]) == 4
+        for tr, r in zip(rows, g["rollouts"]):
+            assert tr.find_all("pre", cls="completion")[0].text() == r["completion"]
+            assert r["reasons"]["arith"] in tr.find_all("td", cls="reasons")[0].text()
+            assert tr.find_all("td", cls="advantage")[0].text() == f"{r['advantage']:.3g}"
+            assert tr.attrs["data-correct"] == ("true" if r["correct"] else "false")
+    steps = [b.attrs["data-step"] for b in parse(long_run).by_id("rollouts").find_all("details", cls="train-step")]
+    assert steps[0] == "1" and steps[-1] == "30" and len(steps) == 8
+
+
+def test_eval_samples_one_card_per_prompt(runs, both):
+    """The same eval prompts at every eval are one card each: the verdicts in order in its summary, then each
+    eval's completion (both runs' in a two-run report) with the reward functions' reasons."""
     _, dom = both
-    shown = dom.by_id("samples").find_all("div", cls="sample")
-    logged = jsonl(runs["group"] / "samples.jsonl") + jsonl(runs["tree"] / "samples.jsonl")
-    assert len(shown) == len(logged) == 2 * 3 * 8  # 2 runs, evals at steps 0, 2, 4, 8 prompts each
-    for div, s in zip(shown, logged):
-        assert div.find_all("pre", cls="completion")[0].text() == s["completion"]
-        assert div.find_all("pre", cls="prompt")[0].text() == s["prompt"]
-        assert all(reason in div.find_all("div", cls="reasons")[0].text() for reason in s["reasons"].values())
-        assert div.attrs["data-correct"] == ("true" if s["reward"] > 0.5 else "false")
-        assert ("correct" in div.classes()) == (s["reward"] > 0.5)
-    assert "hidden" in dom.by_id("sample-filter").attrs  # shown by the script only: with scripts off, all samples
-    assert {b.attrs["data-show"] for b in dom.by_id("sample-filter").find_all("button")} == {"all", "true", "false"}
+    cards = dom.by_id("samples").find_all("details", cls="eval-prompt")
+    logged = {run: jsonl(runs[run] / "samples.jsonl") for run in ("group", "tree")}
+    prompts = list(dict.fromkeys(s["prompt"] for s in logged["group"]))
+    assert len(cards) == len(prompts) == 8
+    for card, prompt in zip(cards, prompts):
+        assert card.find_all("pre", cls="prompt")[0].text() == prompt
+        mine = [(run, s) for run in ("group", "tree") for s in logged[run] if s["prompt"] == prompt]
+        shown = card.find_all("div", cls="sample")
+        assert [(d.attrs["data-run"], d.attrs["data-step"]) for d in shown] == [(r, str(s["step"])) for r, s in mine]
+        assert [(d.attrs["data-run"], int(d.attrs["data-step"])) for d in shown][:3] == [
+            ("group", 0), ("group", 2), ("group", 4)]
+        for d, (_, s) in zip(shown, mine):
+            assert d.find_all("pre", cls="completion")[0].text() == s["completion"]
+            assert all(reason in d.find_all("div", cls="reasons")[0].text() for reason in s["reasons"].values())
+            assert d.attrs["data-correct"] == ("true" if s["reward"] > 0.5 else "false")
+        trail = card.find_all("span", cls="trail")[0].text()
+        assert trail == " ".join("✓" if s["reward"] > 0.5 else "✗" for _, s in mine)
 
 
 def test_tree_shows_shared_prefixes_and_marked_leaves(runs):
@@ -237,14 +333,16 @@ def test_tree_shows_shared_prefixes_and_marked_leaves(runs):
 def test_hostile_text_renders_as_text(runs):
     out = write_report([runs["hostile"]], runs["root"] / "hostile.html")
     dom = parse(out)
-    (script,) = dom.find_all("script")  # the page's own filter, nothing from the run
-    assert "sample-filter" in script.text()
+    assert not dom.find_all("script")  # the page runs no script, and nothing from the run became one
     assert not [el for el in dom.find_all() if "onerror" in el.attrs]
     assert len(dom.find_all("img")) == len(dom.by_id("curves").find_all("img"))
+    (row,) = [tr for tr in dom.by_id("rollouts").find_all("tr", cls="rollout") if "why " + HOSTILE in tr.text()]
+    turns = row.find_all("div", cls="turn")  # a training episode: its conversation, escaped
+    assert [t.find_all("pre")[0].text() for t in turns] == [m["content"] for m in EPISODE]
     completions = [pre.text() for pre in dom.by_id("samples").find_all("pre", cls="completion")]
     assert completions[-1] == HOSTILE  # shown as the characters the model wrote
     # a multi-turn episode is shown as its conversation: turns and tool results in order, escaped
-    (conversation,) = dom.by_id("samples").find_all("div", cls="conversation")
+    (conversation,) = dom.by_id("samples").find_all("div", cls="conversation")  # an eval episode
     turns = conversation.find_all("div", cls="turn")
     assert [t.find_all("span", cls="role")[0].text() for t in turns] == ["assistant", "tool calculate", "assistant"]
     assert [t.find_all("pre")[0].text() for t in turns] == [m["content"] for m in EPISODE]
@@ -253,27 +351,62 @@ def test_hostile_text_renders_as_text(runs):
     assert "<script>alert" not in raw and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in raw
 
 
-def test_report_in_a_headless_browser(runs, both, tmp_path):
-    """Debian's Chromium renders the page: the screenshot shows text, tables and both runs' curve colours."""
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--window-size=1200,2000"]
+
+# measures the laid-out page from inside (a copy of the report with this appended; the report itself has no script)
+MEASURE = """<script>
+var b = document.body, r = document.getElementById('rollouts');
+b.setAttribute('data-height', document.documentElement.scrollHeight);
+var shown = r ? Array.prototype.filter.call(r.querySelectorAll('td.reasons'),
+                                           function (td) { return td.offsetParent; }) : [];
+b.setAttribute('data-rollouts-top', r ? r.getBoundingClientRect().top + window.scrollY : -1);
+b.setAttribute('data-reason-shown', shown.length ? shown[0].textContent : '');
+</script>"""
+
+
+def _chromium(tmp_path: Path) -> str:
     chromium = shutil.which("chromium")
     if chromium is None:
         pytest.skip("chromium is not installed (`make install` installs it with apt-get when run as root)")
+    return chromium
+
+
+def test_report_in_a_headless_browser(runs, both, tmp_path):
+    """Debian's Chromium renders the page: the screenshot shows text, tables and both runs' curve colours."""
+    chromium = _chromium(tmp_path)
     import matplotlib.image
 
     out, _ = both
     shot = tmp_path / "shot.png"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,2000"]
+    flags = [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}"]
     subprocess.run([chromium, *flags, out.resolve().as_uri()], capture_output=True, timeout=120, check=True)
     pixels = matplotlib.image.imread(shot)[..., :3]  # (H, W, 3) floats in [0, 1]
     assert pixels.shape[:2] == (2000, 1200)
     non_white = (pixels < 0.94).any(axis=-1).mean()
     colours = np.unique((pixels * 15).round().reshape(-1, 3), axis=0)
     assert non_white > 0.03 and len(colours) > 20, (non_white, len(colours))
-    for hex_colour in ("#1f77b4", "#ff7f0e"):  # group's and tree's curves (markers are solid)
+    for hex_colour in ("#1f77b4", "#ff7f0e"):  # group's and tree's curves
         rgb = np.array([int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
         assert (np.abs(pixels - rgb).max(axis=-1) < 0.06).sum() > 50, hex_colour
+
+
+def test_a_30_step_report_is_short_in_the_browser(long_run, tmp_path):
+    """Laid out by Chromium, a 30-step run's page is a few screens (it was ~10,500 px), the training rollouts
+    start within the first two, and the open step shows a rollout's reward reason."""
+    chromium = _chromium(tmp_path)
+    page = tmp_path / "measured.html"
+    page.write_text(long_run.read_text(encoding="utf-8").replace("</body>", MEASURE + "</body>"), encoding="utf-8")
+    flags = [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom"]
+    dumped = subprocess.run([chromium, *flags, page.resolve().as_uri()], capture_output=True, timeout=120,
+                            check=True, text=True).stdout
+    (body,) = Dom(dumped).root.find_all("body")
+    height, top = int(body.attrs["data-height"]), float(body.attrs["data-rollouts-top"])
+    assert height < 4000 and 0 < top < 2500, (height, top)
+    last = [g for g in jsonl(long_run.parent / "rollouts.jsonl") if g["step"] == 30]
+    assert body.attrs["data-reason-shown"].startswith("arith") and last[0]["rollouts"][0]["reasons"]["arith"] in (
+        body.attrs["data-reason-shown"])
 
 
 def test_cli_report(runs, tmp_path):
@@ -341,14 +474,6 @@ def test_report_to_errors_name_the_fix(monkeypatch):
     assert load_run_config(None, []).train.report_to == []
 
 
-def test_metrics_go_to_their_groups():
-    from rollwise.report.plots import group_metrics
-
-    grouped = group_metrics(["kl", "kl_prox", "reward/mean", "dist/workers", "time/weight_sync", "staleness/max", "zzz"])
-    assert grouped == {"reward": ["reward/mean"], "kl": ["kl", "kl_prox"], "strategy": ["staleness/max"],
-                       "dist": ["dist/workers"], "time": ["time/weight_sync"], "other": ["zzz"]}
-
-
 # -- training rollouts (rollouts.jsonl) -----------------------------------------------------
 def test_training_rollouts_are_logged_with_rewards_reasons_and_advantages(runs):
     """Every step logs train.log_rollouts groups (default 2) of the groups it trained on: each rollout's
@@ -365,50 +490,3 @@ def test_training_rollouts_are_logged_with_rewards_reasons_and_advantages(runs):
                 assert abs(sum(r["advantage"] for r in rec["rollouts"])) < 1e-3
             else:
                 assert all(r["advantage"] == 0.0 for r in rec["rollouts"])
-
-
-def _group(i: int, rewards: list[float], text: str = "x", messages=None):
-    from rollwise.types import Prompt, Rollout, RolloutGroup
-
-    rollouts = [Rollout(f"p{i}", [1], [2], [0.0], [0], "stop", completion_text=text, reward=r, score=r,
-                        reward_components={"f": r}, reward_reasons={"f": f"why {r}"}, advantage=[r - 0.5],
-                        messages=messages) for r in rewards]
-    return RolloutGroup(Prompt(f"p{i}", f"prompt {i}", answer="a"), rollouts)
-
-
-def test_rollout_log_picks_groups_that_trained_first_and_logs_episodes(tmp_path):
-    from rollwise.train.rollout_log import RolloutLog
-
-    log = RolloutLog(tmp_path, groups_per_step=2)
-    episode = [{"role": "assistant", "content": "<tool_call>{}</tool_call>"}, {"role": "tool", "name": "calc",
-                                                                           "content": "42"}]
-    log.log(1, [_group(0, [1.0, 1.0]), _group(1, [0.0, 1.0], messages=episode), _group(2, [1.0, 0.0])])
-    records = jsonl(tmp_path / "rollouts.jsonl")
-    assert [r["prompt_id"] for r in records] == ["p1", "p2"]  # spread first, in sampled order
-    assert records[0]["rollouts"][0]["messages"] == episode and "messages" not in records[1]["rollouts"][0]
-    assert records[0]["rollouts"][1] | {} == {
-        "completion": "x", "reward": 1.0, "score": 1.0, "components": {"f": 1.0}, "reasons": {"f": "why 1.0"},
-        "advantage": 0.5, "tokens": 1, "finish_reason": "stop", "correct": True, "messages": episode}
-    assert RolloutLog(tmp_path, groups_per_step=0) and not jsonl(tmp_path / "rollouts.jsonl")  # fresh run: empty
-
-
-def test_rollout_log_stays_within_its_budget_and_resumes(tmp_path):
-    """Past train.rollouts_mb every other logged step is dropped and the stride doubles: an even sample of
-    the whole run in a bounded file; a resumed log drops lines after the checkpoint and keeps the stride."""
-    from rollwise.train.rollout_log import TEXT_CHARS, RolloutLog
-
-    budget_mb = 0.05  # ~52 KB; each step ~ 2 groups x 2 rollouts x ~4 KB
-    log = RolloutLog(tmp_path, groups_per_step=2, budget_mb=budget_mb)
-    for step in range(1, 41):
-        log.log(step, [_group(0, [0.0, 1.0], "y" * 9000), _group(1, [1.0, 0.0], "z" * 9000)])
-        assert (tmp_path / "rollouts.jsonl").stat().st_size <= budget_mb * 1024 * 1024
-    records = jsonl(tmp_path / "rollouts.jsonl")
-    steps = sorted({r["step"] for r in records})
-    every = log.every
-    assert every > 1 and all(r["every"] == every for r in records)
-    assert steps == list(range(every, 41, every)) and len(steps) >= 2  # first to last, evenly
-    text = records[0]["rollouts"][0]["completion"]
-    assert text.startswith("y" * TEXT_CHARS) and text.endswith("[5,000 more characters not logged]")
-    resumed = RolloutLog(tmp_path, groups_per_step=2, budget_mb=budget_mb, resume_from_step=steps[1])
-    assert resumed.every == every and [r["step"] for r in jsonl(tmp_path / "rollouts.jsonl")] == [steps[0]] * 2 + [
-        steps[1]] * 2

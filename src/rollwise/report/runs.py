@@ -1,4 +1,5 @@
-"""What the report reads from a run directory, as plain records: metrics, samples, trees, config, summary."""
+"""What the report reads from a run directory, as plain records: metrics, samples, training rollouts,
+trees, config, summary."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class Run:
     metrics: list[dict]  # metrics.jsonl lines: training steps and evals
     samples: list[dict] = field(default_factory=list)  # samples.jsonl: greedy eval rollouts
     trees: list[dict] = field(default_factory=list)  # trees.jsonl: one training tree per eval
+    rollouts: list[dict] = field(default_factory=list)  # rollouts.jsonl: training groups (train/rollout_log.py)
     config: dict = field(default_factory=dict)  # config.yaml
     summary: dict | None = None  # summary.json (absent while a run is going or was killed)
 
@@ -55,11 +57,29 @@ class Run:
         acc = [v for _, v in self.series("eval/accuracy")]
         steps = max((m["step"] for m in self.metrics), default=0)
         return {
-            "task": (self.config.get("task") or {}).get("name"), "method": (self.config.get("objective") or {}).get("method"),
+            "task": (self.config.get("task") or {}).get("name"),
+            "method": (self.config.get("objective") or {}).get("method"),
             "steps": steps, "initial_accuracy": acc[0] if acc else None, "final_accuracy": acc[-1] if acc else None,
             "wall_seconds": round(sum(_number(m.get("time/step")) or 0.0 for m in self.metrics), 2),
             "generated_tokens": int(self.x_of()["tokens"].get(steps, 0)),
         }
+
+    def reward_failures(self) -> dict[str, int]:
+        """Per reward function, the completions it failed on over the run (``reward/<fn>/errors`` and
+        ``/non_finite`` summed over steps); only those with any."""
+        out: dict[str, int] = {}
+        for name in self.metric_names():
+            parts = name.split("/")
+            if len(parts) == 3 and parts[0] == "reward" and parts[2] in ("errors", "non_finite"):
+                total = int(sum(v for _, v in self.series(name)))
+                if total:
+                    out[parts[1]] = out.get(parts[1], 0) + total
+        return out
+
+    def zero_signal_share(self) -> float | None:
+        """The mean share of a step's groups whose rewards did not spread (nothing trains on them)."""
+        values = [v for _, v in self.series("groups/zero_signal")]
+        return sum(values) / len(values) if values else None
 
 
 def _number(v) -> float | None:
@@ -86,7 +106,7 @@ def load_run(path: Path, name: str | None = None) -> Run:
     config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").exists() else {}
     summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").exists() else None
     return Run(name or path.name, path, read_jsonl(path / "metrics.jsonl"), read_jsonl(path / "samples.jsonl"),
-               read_jsonl(path / "trees.jsonl"), config or {}, summary)
+               read_jsonl(path / "trees.jsonl"), read_jsonl(path / "rollouts.jsonl"), config or {}, summary)
 
 
 def load_runs(paths: list[Path]) -> list[Run]:

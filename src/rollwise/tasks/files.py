@@ -1,11 +1,20 @@
 """``file``: a task from the user's own JSONL or Parquet data, mapped by field names.
 
 Each row becomes one ``Prompt``: ``prompt_field`` gives its text, ``answer_field`` its
-reference answer, and every other field goes into ``Prompt.columns``, which reach reward
-functions as keyword arguments (TRL-style). A prompt field may also be a chat-style list of
-``{"role", "content"}`` messages: the list is kept in ``Prompt.messages`` (the trainer applies
-the tokenizer's chat template to it, and reward functions receive prompts and completions in
-TRL's conversational format), and ``text`` is the message contents joined by blank lines.
+reference answer, and every other field (the answer's too, and the answer again as ``answer``)
+goes into ``Prompt.columns``, which reach reward functions as keyword arguments (TRL-style). A
+prompt field may also be a chat-style list of ``{"role", "content"}`` messages: the list is kept
+in ``Prompt.messages`` (the trainer applies the tokenizer's chat template to it, and reward
+functions receive prompts and completions in TRL's conversational format), and ``text`` is the
+message contents joined by blank lines. A plain-string prompt is marked
+``Prompt.chat_template`` unless ``chat_template`` is false: the trainer tokenizes it through the
+model's chat template as one user message when the tokenizer has one (``true``: it must), and
+reward functions still get the string; ``Task.check_tokenizer`` says which at start.
+
+The task's reward, and the eval judge, is ``reward`` (a built-in or ``package.module:function``);
+unset, the judge is the first of the recipe's ``rewards:`` (``Task.judge_from_rewards``) and the
+reward without ``rewards:`` is ``math_answer`` on the answers (``filter/registry.py``).
+Relative paths are read from the working directory, else the recipe's (``rollwise.imports``).
 
 The eval split is ``eval_path`` when given, else a seeded ``eval_fraction`` of ``path``
 (so a different run seed holds out different rows); ``eval_size`` caps it either way. Train

@@ -6,8 +6,9 @@ What is guaranteed:
 - the start notes are logged once, before the first step;
 - ``summary.json`` (``state.run_summary``) holds ``eval_judge``, ``reward_failures`` (every reward
   function that failed on some rollout: rollouts scored, errors, non-finite values, the first
-  reason; ``{}`` when none failed; counted over the groups each step trains on) and ``zero_signal_steps`` (steps where no group had a reward
-  spread), totals over the whole run, a resumed one included; ``eval`` says when there was none;
+  reason; ``{}`` when none failed; counted over the groups each step trains on) and
+  ``zero_signal_steps`` (steps where no group had a reward spread), totals over the whole run, a
+  resumed one included; ``eval`` says when there was none;
 - the closing lines say when the run had no eval, which reward functions failed and how often,
   and, when no step had a reward spread, that nothing trained and what to change.
 """

@@ -155,6 +155,20 @@ def test_failing_reward_functions_reach_the_summary(user_dir):
     assert "broken raised RuntimeError: boom" in out and "nan_reward" in out
 
 
+def test_reward_failures_total_over_a_resumed_run(user_dir):
+    """The counts live in the checkpoint's state: a run stopped after step 1 and resumed to step 2
+    reports both steps' failures, as the uninterrupted run does."""
+    from rollwise.train.run import run_training
+
+    tmp, module = user_dir
+    sets = [f"output_dir={tmp / 'runs'}", "name=resumed", "task.path=words.jsonl", *FAST,
+            "train.checkpoint_every=1", f"rewards=[{{name: {module}:reversed_ok}}, {{name: {module}:broken}}]"]
+    quiet = Console(file=io.StringIO())
+    run_training(load_run_config(None, sets + ["train.steps=1"]), console=quiet)
+    summary = run_training(load_run_config(None, sets), resume=True, console=quiet)
+    assert summary["steps"] == 2 and summary["reward_failures"]["broken"]["errors"] == 2 * 2 * 2
+
+
 def test_a_clean_run_has_no_reward_failures(user_dir):
     summary, out, _ = train(user_dir, "name=clean", "rewards=[{name: MOD:reversed_ok}]")
     assert summary["reward_failures"] == {} and "failed on" not in out

@@ -75,3 +75,21 @@ def test_cross_section_fills_fill_only_what_the_recipe_leaves_unset():
     assert cfg.objective.prox_kl_coef == cfg.replay.remix.beta / 2  # the key left unset is still filled
     cfg = load_run_config(None, [])
     assert (cfg.control.method, cfg.objective.beta, cfg.objective.tis_mode) == ("none", 0.0, "sequence_mask")
+
+
+@pytest.mark.parametrize("override, suggestion", [
+    ("optm.lr=1e-4", "did you mean 'optim'?"),  # a misspelt section
+    ("model.lora.rr=4", "did you mean 'model.lora.r'?"),  # inside an optional section (lora: null by default)
+    ("lora.r=4", "did you mean 'model.lora'?"),  # a section written at the wrong level
+    ("tree.max_depth=2", "did you mean 'rollout.tree'?"),
+    ("rollout.lr=1e-4", "did you mean 'optim.lr' or 'sft.lr'"),  # a key of other sections
+])
+def test_section_typos_get_a_suggestion(override, suggestion):
+    with pytest.raises(ConfigError) as err:
+        load_run_config(None, [override])
+    assert suggestion in str(err.value)
+
+
+def test_optional_section_lists_its_keys():
+    with pytest.raises(ConfigError, match=r"valid here: .*alpha.*\br\b"):
+        load_run_config(None, ["model.lora.rr=4"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -37,7 +37,7 @@ def _walk(model: type[BaseModel], loc: tuple) -> tuple[type[BaseModel] | None, t
     for part in loc:
         if isinstance(current, type) and issubclass(current, BaseModel):
             field = current.model_fields.get(str(part))
-            current = field.annotation if field is not None else None
+            current = _optional_model(field.annotation) if field is not None else None
             path.append(part)
             continue
         members = [m for m in get_args(current) if isinstance(m, type) and issubclass(m, BaseModel)]
@@ -51,6 +51,43 @@ def _walk(model: type[BaseModel], loc: tuple) -> tuple[type[BaseModel] | None, t
     return found, tuple(path)
 
 
+def _optional_model(annotation: Any) -> Any:
+    """``LoraConfig | None`` → ``LoraConfig`` (an optional section's keys are the section's); else as is."""
+    members = [m for m in get_args(annotation) if m is not type(None)]
+    if len(members) == 1 and len(get_args(annotation)) == 2 and isinstance(members[0], type) \
+            and issubclass(members[0], BaseModel):
+        return members[0]
+    return annotation
+
+
+def _models_in(annotation: Any, suffix: str = "") -> list[tuple[str, type[BaseModel]]]:
+    """The config classes a field holds, each with how its path continues (``[]`` for a list's items)."""
+    annotation = _optional_model(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [(suffix, annotation)]
+    if get_origin(annotation) is list:
+        return [m for arg in get_args(annotation) for m in _models_in(arg, suffix + "[]")]
+    if get_origin(annotation) is None:
+        return []
+    return [m for arg in get_args(annotation) for m in _models_in(arg, suffix)]  # a union's members share the path
+
+
+def _sections(model: type[BaseModel], prefix: str = "") -> list[tuple[str, type[BaseModel]]]:
+    """Every config class reachable from ``model`` with its path prefix (``task.``, ``rewards[].``)."""
+    found = [(prefix, model)]
+    for name, field in model.model_fields.items():
+        for suffix, member in _models_in(field.annotation):
+            found += _sections(member, f"{prefix}{name}{suffix}.")
+    return found
+
+
+def _elsewhere(model: type[BaseModel], key: str, here: str) -> list[str]:
+    """Where else in ``model`` a key named ``key`` lives (``lora`` → ``model.lora``): a section or
+    key written at the wrong level."""
+    paths = {f"{prefix}{key}" for prefix, cls in _sections(model) if key in cls.model_fields and prefix != here}
+    return sorted(paths)
+
+
 def format_validation_error(err: ValidationError, model: type[BaseModel]) -> str:
     """Turn pydantic's error into lines a user can act on, suggesting the closest key."""
     lines = []
@@ -60,9 +97,13 @@ def format_validation_error(err: ValidationError, model: type[BaseModel]) -> str
         if e["type"] == "extra_forbidden":
             parent = _walk(model, loc[:-1])[0]
             valid = sorted(parent.model_fields) if parent else []
-            close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
             prefix = path.rsplit(".", 1)[0] + "." if "." in path else ""
-            hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
+            # the same name in another section first (rollout.lr → optim.lr), then a spelling close to one
+            # here — only a very close one beside such a match (tree → rollout.tree, not seed)
+            close = _elsewhere(model, str(loc[-1]), prefix)
+            cutoff = 0.75 if close else 0.5
+            close += [f"{prefix}{c}" for c in difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=cutoff)]
+            hint = "; did you mean " + " or ".join(f"'{c}'" for c in close) + "?" if close else ""
             lines.append(f"unknown config key '{path}'{hint} (valid here: {', '.join(valid)})")
         elif e["type"] in ("union_tag_invalid", "union_tag_not_found"):
             tags = e.get("ctx", {}).get("expected_tags", "")

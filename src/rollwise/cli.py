@@ -131,7 +131,9 @@ def eval_(
     set_: SetOpt = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="also write the results here")] = None,
 ):
-    """Greedy accuracy, pass@k and maj@k of `model.path` (or the preset) on the task's eval split."""
+    """Greedy accuracy, pass@k and maj@k of `model.path` (or the preset) on the task's eval split. `model.path`
+    may be a run directory (its latest checkpoint's policy) or a checkpoint: `rollwise eval RECIPE --set
+    model.path=runs/NAME`."""
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
 
@@ -159,8 +161,9 @@ def report(
 @app.command()
 @friendly_errors
 def serve(
-    model: Annotated[str, typer.Argument(help="a local Hugging Face model directory, a .gguf file, a pkg: path, or "
-                                              "a tiny preset name (tiny, small, medium)")],
+    model: Annotated[str, typer.Argument(help="a local Hugging Face model directory, a .gguf file, a pkg: path, a "
+                                              "run directory (its latest checkpoint) or checkpoint, or a tiny "
+                                              "preset name (tiny, small, medium)")],
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port (0 = a free one)")] = 8000,
     name: Annotated[str | None, typer.Option(help="the served model id (default: the directory's or file's name)")] = None,

@@ -1,6 +1,7 @@
 """Loading a policy and tokenizer: a local Hugging Face causal LM directory, a GGUF file (converted
 once into a cached HF directory, ``model/gguf.py``), either one named inside an installed Python
-package (``pkg:``), or a tiny preset."""
+package (``pkg:``), a rollwise run directory or checkpoint (its trained policy, ``model/resolve.py``),
+or a tiny preset."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pydantic import Field
 
 from rollwise.config import ConfigError, StrictModel
 from rollwise.model.lora import LoraConfig, apply_lora
+from rollwise.model.resolve import LOOKED_FOR, RunPolicy, run_policy
 from rollwise.model.tiny import PRESETS, build_tiny
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -21,8 +23,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class ModelConfig(StrictModel):
     """The policy: a tiny preset, a local HF directory or a GGUF file, its dtype, device and threads, LoRA."""
 
-    path: str | None = Field(None, description="local Hugging Face model directory or .gguf file, or "
-                             "'pkg:<package>/<file or dir>' inside an installed package; null = build `preset`")
+    path: str | None = Field(None, description="local Hugging Face model directory or .gguf file, "
+                             "'pkg:<package>/<file or dir>' inside an installed package, or a rollwise run directory "
+                             "or checkpoint (its trained policy); null = build `preset`")
     preset: Literal[tuple(PRESETS)] = Field("tiny", description="tiny preset built when `path` is null")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1'...")
@@ -54,7 +57,8 @@ def check_model_dir(path: str | Path) -> Path:
         raise ConfigError(f"model.path '{p}' is a file but not a .gguf; point it at a .gguf file or the "
                           f"directory holding config.json")
     if not (p / "config.json").is_file():
-        raise ConfigError(f"model directory '{p}' has no config.json (is it a Hugging Face save_pretrained dir?)")
+        raise ConfigError(f"model directory '{p}' has no config.json: looked for {LOOKED_FOR}. "
+                          "`rollwise export RUN_DIR --merged OUT` writes a run's policy as a Hugging Face directory")
     return p
 
 
@@ -83,8 +87,17 @@ def model_dir(cfg: ModelConfig) -> Path:
     return check_model_dir(path)
 
 
+def model_source(cfg: ModelConfig) -> tuple[Path, RunPolicy | None]:
+    """The HF directory ``cfg.path`` loads from and, when it names a run or a checkpoint
+    (``model/resolve.py``), the trained policy to put into it."""
+    path = resolve_package_path(cfg.path) if cfg.path.startswith("pkg:") else Path(cfg.path)
+    policy = run_policy(path)
+    return (policy.base, policy) if policy is not None else (model_dir(cfg), None)
+
+
 def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0):
-    """(model, tokenizer) on the configured device and dtype, in eval mode."""
+    """(model, tokenizer) on the configured device and dtype, in eval mode. ``cfg.path`` may name
+    a run directory or a checkpoint: its trained policy (``model/resolve.py``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(cfg.device)
@@ -92,13 +105,15 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0):
     if cfg.path is None:
         model, tokenizer = build_tiny(cfg.preset, seed=seed, dtype=dtype)
     else:
-        path = model_dir(cfg)
+        path, policy = model_source(cfg)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         except (OSError, ValueError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ConfigError(f"cannot load model from '{path}': {first}") from None
+        if policy is not None:  # the run's checkpoint weights into its starting model, an adapter merged
+            model = policy.load_into(model, seed=seed)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # common for base models; pads are masked anyway
     tokenizer.padding_side = "left"

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rollwise.config import ConfigError
-from rollwise.model.lora import has_lora, policy_state
+from rollwise.model.lora import policy_state
+# reading a checkpoint's weights lives in model/ (a run directory is accepted wherever a model is); names kept here
+from rollwise.model.weights import latest_checkpoint, load_weights, tied_groups, weights_file  # noqa: F401
 from rollwise.train.state import TrainState
 
 
@@ -111,11 +111,6 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state
     return final
 
 
-def weights_file(model) -> str:
-    """The checkpoint file holding ``model``'s trained weights: the adapter's under LoRA."""
-    return "adapter.safetensors" if has_lora(model) else "model.safetensors"
-
-
 def unique_weights(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(one tensor per distinct storage, {alias: stored name}): tied embeddings are written once.
 
@@ -137,63 +132,12 @@ def unique_weights(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tens
     return weights, aliases
 
 
-def tied_groups(state: dict[str, torch.Tensor]) -> list[list[str]]:
-    """The state dict's names grouped by the tensor they name: ``[["model.embed_tokens.weight",
-    "lm_head.weight"], ["model.norm.weight"], ...]`` for a tied model, in state-dict order."""
-    groups: dict[tuple, list[str]] = {}
-    for name, t in state.items():
-        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
-        groups.setdefault(key, []).append(name)
-    return list(groups.values())
-
-
 def load_reference(path: Path, model) -> bool:
     """Load a checkpoint's moved reference model (``reference.safetensors``) into ``model``; False if none."""
     if not (path / "reference.safetensors").exists():
         return False
     load_weights(path, model, "reference.safetensors")
     return True
-
-
-def load_weights(path: Path, model, name: str = "model.safetensors") -> None:
-    """Copy ``model.safetensors`` into ``model``'s tensors in place, one tensor at a time.
-
-    In place, ties hold by construction: a tied ``lm_head.weight`` is the embedding, filled
-    once from the stored name (or from both names of a checkpoint written before aliases,
-    when they are equal). Tensor by tensor, a resume never holds a second copy of the model.
-    A checkpoint that does not fit the model (names, shapes, or two different tensors where
-    the model has one) is a ConfigError naming what differs.
-    """
-    targets = model.state_dict() if name == "reference.safetensors" else policy_state(model)
-    if not (path / name).exists():
-        other = ({"adapter.safetensors", "model.safetensors"} - {name}).pop()
-        used = "null" if name == "adapter.safetensors" else "set"
-        hint = f" but has {other}: the run used model.lora={used}" if (path / other).exists() else ""
-        raise ConfigError(f"checkpoint {path} has no {name}{hint} (resume with the run's own config)")
-    with safe_open(str(path / name), "pt") as f:
-        stored = set(f.keys())
-        aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
-        source = {n: n for n in stored} | {a: n for a, n in aliases.items() if n in stored}
-        missing, unexpected = sorted(set(targets) - set(source)), sorted(set(source) - set(targets))
-        shapes = {n: list(f.get_slice(source[n]).get_shape()) for n in targets if n in source}
-        wrong = [f"{n} {shapes[n]} vs {list(targets[n].shape)}" for n in shapes if shapes[n] != list(targets[n].shape)]
-        if missing or unexpected or wrong:
-            raise ConfigError(f"checkpoint {path} does not match the model: missing {missing}, "
-                              f"unexpected {unexpected}, "
-                              f"shapes {wrong} (resume with the model the run started from)")
-        with torch.no_grad():
-            for names in tied_groups(targets):
-                first, *others = sorted({source[n] for n in names})
-                tensor = f.get_tensor(first)
-                if any(not torch.equal(tensor, f.get_tensor(other)) for other in others):
-                    raise ConfigError(f"checkpoint {path} stores {[first, *others]} as different tensors, but the "
-                                      "model ties them (resume with the model the run started from)")
-                targets[names[0]].copy_(tensor)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    found = sorted((run_dir / "checkpoints").glob("step_*"))
-    return found[-1] if found else None
 
 
 def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict:

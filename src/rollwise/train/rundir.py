@@ -21,7 +21,7 @@ import yaml
 
 from rollwise.config import ConfigError
 from rollwise.model import lora
-from rollwise.model.load import model_dir
+from rollwise.model.load import model_source
 from rollwise.train.checkpoint import latest_checkpoint
 
 # what a run writes: a directory holding any of them holds a run (a fresh run refuses it), and
@@ -75,15 +75,15 @@ def start_fresh(run_dir: Path, config: dict, overwrite: bool = False) -> None:
 
 
 def save_init_model(run_dir: Path, cfg, model, tokenizer) -> None:
-    """Keep the RL starting point: a copy in ``init_model/`` when the run made it (SFT warm
-    start, a built preset), else only the source directory's path in ``init_model.json`` —
-    copying an unchanged 7B model would write 28 GB for nothing."""
-    if cfg.sft.steps or cfg.model.path is None:
+    """Keep the RL starting point: a copy in ``init_model/`` when the run made it (SFT warm start,
+    a built preset, another run's policy built from its checkpoint), else only the source
+    directory's path in ``init_model.json`` — copying an unchanged 7B model would write 28 GB for nothing."""
+    source, policy = (None, None) if cfg.model.path is None else model_source(cfg.model)
+    if cfg.sft.steps or source is None or policy is not None:
         lora.save_base(model, run_dir / "init_model")  # model.lora: the base alone
         tokenizer.save_pretrained(run_dir / "init_model")
-    else:
-        source = str(model_dir(cfg.model).resolve())  # a .gguf or pkg: path: its HF directory
-        (run_dir / "init_model.json").write_text(json.dumps({"path": source}, indent=2))
+    else:  # a .gguf or pkg: path: its HF directory
+        (run_dir / "init_model.json").write_text(json.dumps({"path": str(source.resolve())}, indent=2))
 
 
 def init_model_dir(run_dir: Path) -> Path:

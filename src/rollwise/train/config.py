@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from rollwise.config import StrictModel, apply_overrides, load_yaml, validate
+from rollwise.config import ConfigError, StrictModel, apply_overrides, load_yaml, validate
 from rollwise.control import ControlConfig
 from rollwise.replay import ReplayConfig, remix_objective, replay_serves_stored_groups
 from rollwise.filter.sandbox.config import SandboxConfig
@@ -291,4 +291,15 @@ def load_run_config(path: str | None, overrides: list[str] = ()) -> RunConfig:
 
     set_recipe_dir(Path(path).parent if path else None)
     data = load_yaml(path) if path else {}
-    return validate(RunConfig, apply_overrides(data, list(overrides)))
+    cfg = validate(RunConfig, apply_overrides(data, list(overrides)))
+    check_sft_demos(cfg)
+    return cfg
+
+
+def check_sft_demos(cfg: RunConfig) -> None:
+    """An SFT warm start on a file task without ``task.demo_field`` is refused here, before a run
+    directory exists (other tasks without demonstrations are refused by ``train.sft`` itself)."""
+    from rollwise.train.sft import no_demonstrations
+
+    if cfg.sft.steps and cfg.task.name == "file" and cfg.task.demo_field is None:
+        raise ConfigError(no_demonstrations("file"))

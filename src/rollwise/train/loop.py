@@ -289,7 +289,7 @@ class Trainer:
             if self.cfg.sft.steps:
                 s = self.cfg.sft
                 sft(self.model, self.tokenizer, self.task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
-                    on_step=on_sft_step)
+                    on_step=on_sft_step, log_to=self.run_dir / "sft.jsonl")
             rundir.save_init_model(self.run_dir, self.cfg, self.model, self.tokenizer)
         self.ref_model = reference_model(self.cfg, self.model, self.init_model_dir(), self.engine.device)
         if ckpt is not None and self.state.reference_moved_at is not None and self.cfg.model.lora is None:

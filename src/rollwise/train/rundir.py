@@ -27,7 +27,7 @@ from rollwise.train.checkpoint import latest_checkpoint
 # what a run writes: a directory holding any of them holds a run (a fresh run refuses it), and
 # --overwrite removes exactly these — other files a user keeps there stay
 RUN_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "trees.jsonl", "evals.jsonl", "rollouts.jsonl",
-             "config_changes.jsonl", "summary.json", "report.html", "init_model.json")
+             "config_changes.jsonl", "summary.json", "report.html", "init_model.json", "sft.jsonl")
 RUN_DIRS = ("checkpoints", "init_model", "tensorboard", "wandb")
 
 

@@ -4,11 +4,18 @@ The loss covers completion tokens (and the closing EOS) only, never the prompt. 
 demonstration (``Task.demonstrate`` returning segments) trains each model turn and the EOS that
 ends it, never the text the environment inserts between turns — what an episode's loss weights
 do in RL (``generate/episode.py``).
+
+In a run (``log_to``: the run directory's ``sft.jsonl``) every SFT step appends one line,
+``{"sft_step": n, "sft/loss": ..., "sft/lr": ...}`` (n from 1; the loss is the step's mean over its
+trained tokens, before the update). A task without demonstrations is a ``ConfigError`` naming the
+setting that gives them (``task.demo_field`` for ``task.name: file``) or ``sft.steps=0``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -52,14 +59,15 @@ def demo_batch(tokenizer, task: Task, start: int, size: int, device) -> tuple[to
 
 def sft(
     model, tokenizer, task: Task, *, steps: int, batch_size: int = 64, lr: float = 1e-3, warmup: int = 20,
-    data_offset: int = 10**9, on_step: Callable[[int, float], None] | None = None,
+    data_offset: int = 10**9, on_step: Callable[[int, float], None] | None = None, log_to: Path | None = None,
 ) -> list[float]:
-    """Train on demonstrations for ``steps`` steps; return the loss per step.
+    """Train on demonstrations for ``steps`` steps; return the loss per step (each also a line of
+    ``log_to`` when given).
 
     ``data_offset`` keeps SFT examples apart from the RL stream's first prompts.
     """
     if task.demonstrate is None:
-        raise ConfigError(f"task '{task.name}' has no demonstrations for the SFT warm start (set sft.steps=0)")
+        raise ConfigError(no_demonstrations(task.name))
     device = next(model.parameters()).device
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
@@ -72,10 +80,22 @@ def sft(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        lr_used = sched.get_last_lr()[0]
         opt.step()
         sched.step()
         losses.append(loss.item())
+        if log_to is not None:
+            with open(log_to, "a") as f:  # appended per step: a run stopped mid-warm-start keeps its lines
+                f.write(json.dumps({"sft_step": step + 1, "sft/loss": losses[-1], "sft/lr": lr_used}) + "\n")
         if on_step is not None:
             on_step(step, losses[-1])
     model.eval()
     return losses
+
+
+def no_demonstrations(task_name: str) -> str:
+    """What to set when ``sft.steps > 0`` on a task that has no demonstrations."""
+    if task_name == "file":
+        return ("sft.steps > 0 but task 'file' has no demonstrations: set task.demo_field to the column holding a "
+                "worked completion for each prompt, or sft.steps=0 to skip the SFT warm start")
+    return f"sft.steps > 0 but task '{task_name}' has no demonstrations for the SFT warm start: set sft.steps=0"

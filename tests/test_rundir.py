@@ -137,3 +137,51 @@ def test_config_changes_compare_leaves_and_sections():
     new = {"name": "b", "model": {"lora": {"r": 8}, "threads": 1}, "train": {"steps": 3, "report_to": ["wandb"]}}
     assert [str(c) for c in config_changes(old, new)] == [
         'model.lora: null → {"r": 8}', "train.steps: 2 → 3", 'train.report_to: [] → ["wandb"]']
+
+
+def test_ctrl_c_names_the_last_checkpoint_and_the_command_that_resumes(tmp_path):
+    """SIGINT to a real `rollwise train` after its first checkpoint: exit 130, the checkpoint and the
+    exact command (recipe, every --set given, --resume) on stderr."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    recipe = tmp_path / "my recipe.yaml"  # a path that needs quoting in a shell
+    recipe.write_text("train:\n  steps: 1000\n")
+    sets = [f"output_dir={tmp_path}", "name=cc", *FAST]
+    argv = [sys.executable, "-m", "rollwise.cli", "train", str(recipe), *[x for s in sets for x in ("--set", s)]]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "1000"})
+    deadline = time.monotonic() + 300  # a bound, not a timing assertion: the run is slow on a loaded machine
+    while not (tmp_path / "cc" / "checkpoints" / "step_000001").is_dir():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    err = " ".join(err.split())
+    last = sorted((tmp_path / "cc" / "checkpoints").glob("step_*"))[-1]
+    assert f"interrupted: last checkpoint {last} (step {int(last.name[5:])})" in err, err
+    command = "rollwise train " + " ".join([f"'{recipe}'", *[f"--set {s}" for s in sets], "--resume"])
+    assert command in err, err
+    assert "Traceback" not in err
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_how_to_start_again(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from rollwise.train.run import print_interrupted
+
+    def said(run_dir):
+        out = io.StringIO()
+        print_interrupted(run_dir, None, ["name=x", "optim.lr=1e-3"], Console(file=out, width=400))
+        return " ".join(out.getvalue().split())
+
+    assert said(tmp_path / "x").endswith("start again with rollwise train --set name=x --set optim.lr=1e-3")
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "config.yaml").write_text("{}")  # the run began (SFT, say), no checkpoint yet
+    assert said(tmp_path / "x").endswith("--set optim.lr=1e-3 --overwrite")

@@ -73,10 +73,14 @@ def train(
     """Run RL (with the recipe's SFT warm start first, if any). A name that already holds a run is refused
     unless --resume or --overwrite."""
     from rollwise.train.config import load_run_config
-    from rollwise.train.run import run_training
+    from rollwise.train.run import print_interrupted, run_training
 
     cfg = load_run_config(str(recipe) if recipe else None, set_ or [])
-    run_training(cfg, resume=resume, console=console, overwrite=overwrite)
+    try:
+        run_training(cfg, resume=resume, console=console, overwrite=overwrite)
+    except KeyboardInterrupt:  # Ctrl-C: say what is kept and how to go on, exit as SIGINT does (128 + 2)
+        print_interrupted(Path(cfg.output_dir) / cfg.name, recipe, set_ or [], Console(stderr=True, soft_wrap=True))
+        raise typer.Exit(130) from None
 
 
 @app.command()

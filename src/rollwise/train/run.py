@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 
 from rich.console import Console
@@ -9,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rollwise.train import resume as resume_rules
 from rollwise.train import rundir
+from rollwise.train.checkpoint import latest_checkpoint
 from rollwise.train.config import RunConfig
 from rollwise.train.loop import Trainer
 from rollwise.train.outcome import closing_lines
@@ -83,3 +86,19 @@ def _print_summary(console: Console, s: dict, run_dir) -> None:
     for line in closing_lines(s):  # no eval, failed reward functions, nothing trained
         console.print(line)
     console.print(f"run directory: {run_dir}")
+
+
+def print_interrupted(run_dir: Path, recipe: Path | None, sets: list[str], err: Console) -> None:
+    """After Ctrl-C: the run's last checkpoint and the exact command that resumes it (the same
+    recipe and --set values: a resume refuses other values of most keys), on ``err``."""
+    words = ["rollwise", "train", *([str(recipe)] if recipe else []), *[w for s in sets for w in ("--set", s)]]
+    ckpt = latest_checkpoint(run_dir) if run_dir.is_dir() else None
+    if ckpt is None:
+        again = [*words, "--overwrite"] if run_dir.is_dir() and rundir.run_files(run_dir) else words
+        err.print(f"interrupted before the first checkpoint of {run_dir}: nothing to resume; start again with "
+                  f"{shlex.join(again)}", markup=False, highlight=False)
+        return
+    step = json.loads((ckpt / "state.json").read_text())["step"]
+    err.print(f"interrupted: last checkpoint {ckpt} (step {step}); steps after it are not kept. Resume with:",
+              markup=False, highlight=False)
+    err.print(f"  {shlex.join([*words, '--resume'])}", markup=False, highlight=False)

@@ -4,7 +4,7 @@ or cli. Checked on the source's import statements (function-level and relative i
 included) for every package and top-level module under ``src/rollwise``.
 
 The rule table, top to bottom (a row lists what its package may import besides itself and
-the core modules ``config``, ``types``, ``seeds`` and ``imports``):
+the core modules ``config``, ``types``, ``seeds``, ``imports`` and ``hardware``):
 
 | package                      | may import                                       | why                       |
 |------------------------------|--------------------------------------------------|---------------------------|
@@ -34,9 +34,9 @@ import pytest
 import rollwise
 
 ROOT = Path(rollwise.__file__).parent
-CORE = {"config", "types", "seeds", "imports"}  # every package may import these
+CORE = {"config", "types", "seeds", "imports", "hardware"}  # every package may import these
 EVERYTHING = {"bench", "cli", "config", "config_reference", "control", "dist", "engine", "eval", "filter", "generate",
-              "imports", "model", "optim", "replay", "report", "seeds", "serve", "tasks", "train", "types"}
+              "hardware", "imports", "model", "optim", "replay", "report", "seeds", "serve", "tasks", "train", "types"}
 STAGES = {"generate", "filter", "control", "replay", "optim"}
 ALLOWED = {
     "cli": EVERYTHING,
@@ -59,6 +59,7 @@ ALLOWED = {
     "types": set(),
     "seeds": set(),
     "imports": {"config"},
+    "hardware": set(),  # reads the CPU (rollwise.hardware)
 }
 
 

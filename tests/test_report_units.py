@@ -127,3 +127,21 @@ def test_rollout_log_stays_within_its_budget_and_resumes(tmp_path):
     resumed = RolloutLog(tmp_path, groups_per_step=2, budget_mb=budget_mb, resume_from_step=steps[1])
     assert resumed.every == every and [r["step"] for r in jsonl(tmp_path / "rollouts.jsonl")] == [steps[0]] * 2 + [
         steps[1]] * 2
+
+
+def test_episode_messages_with_calls_and_content_parts(tmp_path):
+    """A harness turn that only calls a tool (content None) and OpenAI content parts log and render as text;
+    the calls are shown as the model made them."""
+    from rollwise.report.html import completion_html
+    from rollwise.train.rollout_log import RolloutLog
+
+    calls = [{"type": "function", "function": {"name": "calculate", "arguments": "{\"expression\": \"6*7\"}"}}]
+    messages = [{"role": "assistant", "content": None, "tool_calls": calls},
+                {"role": "tool", "name": "calculate", "content": [{"type": "text", "text": "4"}, {"text": "2"}]},
+                {"role": "assistant", "content": "42"}]
+    RolloutLog(tmp_path, groups_per_step=1).log(1, [_group(0, [0.0, 1.0], messages=messages)])
+    logged = jsonl(tmp_path / "rollouts.jsonl")[0]["rollouts"][0]["messages"]
+    assert [m["content"] for m in logged] == ["", "42", "42"] and logged[0]["tool_calls"] == calls
+    for html in (completion_html({"messages": messages}), completion_html({"messages": logged})):
+        assert "None" not in html and html.count("<pre>42</pre>") == 2 and "tool calculate" in html
+        assert "calculate({&quot;expression&quot;: &quot;6*7&quot;})" in html  # the call as made, escaped

@@ -40,6 +40,23 @@ def reasons(reasons_by_fn) -> str:
     return "; ".join(f"{esc(str(k))}: {esc(str(v))}" for k, v in reasons_by_fn.items())
 
 
+def content_text(content) -> str:
+    """A message's content as text: OpenAI content parts' text joined, None (a call-only turn) as ""."""
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    return "" if content is None else str(content)
+
+
+def _calls_text(calls) -> str:
+    """OpenAI tool calls as ``name(arguments)`` lines, the arguments as the model wrote them."""
+    lines = []
+    for c in calls if isinstance(calls, list) else [calls]:
+        fn = c.get("function", c) if isinstance(c, dict) else {}
+        args = fn.get("arguments", "")
+        lines.append(f"{fn.get('name', '?')}({args if isinstance(args, str) else json.dumps(args)})" if fn else str(c))
+    return "\n".join(lines)
+
+
 def completion_html(record: dict) -> str:
     """The completion; a multi-turn episode (``messages``) as its conversation: each assistant turn and
     tool result in order, the tool calls as the model wrote them."""
@@ -52,7 +69,7 @@ def completion_html(record: dict) -> str:
             continue
         role = str(m.get("role", ""))
         who = f"tool {m.get('name', '')}" if role == "tool" else role
-        calls = f"<pre class=\"calls\">{esc(m['tool_calls'])}</pre>" if m.get("tool_calls") else ""
+        calls = f"<pre class=\"calls\">{esc(_calls_text(m['tool_calls']))}</pre>" if m.get("tool_calls") else ""
         turns.append(f"<div class=\"turn {esc(role)}\"><span class=\"role\">{esc(who)}</span>"
-                     f"<pre>{esc(str(m.get('content', '')))}</pre>{calls}</div>")
+                     f"<pre>{esc(content_text(m.get('content')))}</pre>{calls}</div>")
     return f"<div class=\"conversation\">{''.join(turns)}</div>"

@@ -39,6 +39,15 @@ def _cut(text: str) -> str:
     return text[:TEXT_CHARS] + f" … [{len(text) - TEXT_CHARS:,} more characters not logged]"
 
 
+def content_text(content) -> str:
+    """A message's content as text: OpenAI content parts' text joined, None (a call-only turn) as ""."""
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    return str(content)
+
+
 def _advantage(rollout: Rollout) -> float | None:
     """The rollout's advantage: the mean over its tokens (one value for GRPO-family estimators)."""
     adv = rollout.advantage
@@ -52,7 +61,7 @@ def rollout_record(rollout: Rollout) -> dict:
            "reasons": {k: _cut(v) for k, v in rollout.reward_reasons.items()}, "advantage": _advantage(rollout),
            "tokens": rollout.num_tokens, "finish_reason": rollout.finish_reason, "correct": rollout.correct}
     if rollout.messages is not None:
-        out["messages"] = [{**m, "content": _cut(m.get("content", ""))} if isinstance(m, dict) else m
+        out["messages"] = [{**m, "content": _cut(content_text(m.get("content")))} if isinstance(m, dict) else m
                            for m in rollout.messages]
     if rollout.failure is not None:
         out["failure"] = _cut(rollout.failure)

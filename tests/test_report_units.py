@@ -145,3 +145,17 @@ def test_episode_messages_with_calls_and_content_parts(tmp_path):
     for html in (completion_html({"messages": messages}), completion_html({"messages": logged})):
         assert "None" not in html and html.count("<pre>42</pre>") == 2 and "tool calculate" in html
         assert "calculate({&quot;expression&quot;: &quot;6*7&quot;})" in html  # the call as made, escaped
+
+
+def test_the_headline_says_when_a_reward_failed_or_nothing_trained():
+    from rollwise.report.page import summary_section
+
+    r = run("a", steps(**{"reward/f/errors": [0.0, 2.0, 1.0], "reward/f/non_finite": [1.0, 0.0, 0.0],
+                          "reward/g/errors": [0.0, 0.0, 0.0], "groups/zero_signal": [1.0, 0.5, 0.75],
+                          "eval/accuracy": [0.25, None, 0.5]}))
+    html = summary_section([r])
+    assert "reward function <code>f</code> failed on 4 completions" in html and "<code>g</code>" not in html
+    assert "75% of groups had no reward spread" in html
+    assert "25.0% → 50.0%</b> (+25.0 points)" in html
+    quiet = summary_section([run("b", steps(**{"groups/zero_signal": [0.25, 0.5]}))])
+    assert "failed on" not in quiet and "no reward spread" not in quiet

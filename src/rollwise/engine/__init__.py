@@ -20,17 +20,22 @@ log = logging.getLogger(__name__)
 EngineKind = Literal["auto", "slots", "v1"]
 
 
-def make_engine(model, *, pad_token_id: int, max_batch_size: int, seed: int, kind: EngineKind = "auto"):
+def make_engine(model, *, pad_token_id: int, max_batch_size: int, seed: int, kind: EngineKind = "auto",
+                dtype=None):
+    """``dtype`` (a ``torch.dtype``, None = the model's own): the precision the engine samples in —
+    another than the model's gives the engine its own cast copy of the weights, refreshed at every
+    ``load_weights`` (``rollout.engine_dtype``; the trainer keeps its fp32 masters)."""
     from rollwise.engine.engine import Engine
     from rollwise.engine.llama import UnsupportedModelError
     from rollwise.engine.slots import SlotEngine
 
+    common = {"pad_token_id": pad_token_id, "max_batch_size": max_batch_size, "seed": seed, "dtype": dtype}
     if kind == "v1":
-        return Engine(model, pad_token_id=pad_token_id, max_batch_size=max_batch_size, seed=seed)
+        return Engine(model, **common)
     try:
-        return SlotEngine(model, pad_token_id=pad_token_id, max_batch_size=max_batch_size, seed=seed)
+        return SlotEngine(model, **common)
     except UnsupportedModelError as err:
         if kind == "slots":
             raise
         log.warning("slot engine unavailable (%s); using the v1 engine", err)
-        return Engine(model, pad_token_id=pad_token_id, max_batch_size=max_batch_size, seed=seed)
+        return Engine(model, **common)

@@ -129,9 +129,15 @@ class EngineLoop:
 
 
 class Engine(EngineLoop):
-    """Batched generation with a KV cache for one HF causal LM (CPU or one GPU)."""
+    """Batched generation with a KV cache for one HF causal LM (CPU or one GPU).
 
-    def __init__(self, model, *, pad_token_id: int, max_batch_size: int = 64, seed: int = 0):
+    ``dtype``: the sampling precision (None = the model's own); another dtype makes the engine
+    sample from its own copy of the model in that dtype, which ``load_weights`` refreshes from the
+    trainer's model (``load_state_dict`` casts)."""
+
+    def __init__(self, model, *, pad_token_id: int, max_batch_size: int = 64, seed: int = 0,
+                 dtype: torch.dtype | None = None):
+        self.source = model  # the trainer's model: set_dtype casts a copy of it
         self.model = model
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
@@ -142,10 +148,33 @@ class Engine(EngineLoop):
         self._finished: dict[int, Completion] = {}
         self._batch: _Batch | None = None
         self._next_handle = 0
+        if dtype is not None:
+            self.set_dtype(dtype)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The precision the engine samples in."""
+        return next(self.model.parameters()).dtype
+
+    def set_dtype(self, dtype: torch.dtype | None) -> None:
+        """Sample in ``dtype`` from now on (None: the trainer's model itself, shared); only between
+        generations. Another dtype: a copy of the model cast to it, the trainer's never touched."""
+        import copy
+
+        if self._batch is not None:
+            raise RuntimeError("Engine.set_dtype with a batch running; call it between generations")
+        if dtype is None or dtype == self.source.dtype:
+            self.model = self.source
+            return
+        copied = copy.deepcopy(self.source).to(dtype).eval()
+        for p in copied.parameters():
+            p.requires_grad_(False)
+            p.grad = None
+        self.model = copied
 
     # -- contract -------------------------------------------------------------------------
     def submit(self, requests: list[Request]) -> list[int]:

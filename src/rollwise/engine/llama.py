@@ -20,6 +20,12 @@ costs without LoRA; the price is one merged copy of each wrapped weight, rebuilt
 packed training forward asks for the factored form instead (``merge_adapters=False``): base
 weight plus ``Adapter`` references, so gradients reach ``A`` and ``B``.
 
+Precision (``dtype``): by default the forward computes in the model's own dtype on its own
+tensors. Given another ``dtype`` (the engine's sampling precision, ``rollout.engine_dtype``),
+``refresh`` casts every tensor it reads into a copy the forward owns (a tied embedding/LM head
+cast once), the cache is kept in that dtype, and the trainer's fp32 master weights are never
+written; a copy follows the model only at ``refresh`` (every ``load_weights``).
+
 Supported: ``model_type`` in ``SUPPORTED_MODEL_TYPES``. Anything else raises
 ``UnsupportedModelError`` at construction; callers fall back to the v1 ``Engine``, which runs
 any HF causal LM through its own forward.
@@ -189,11 +195,12 @@ class SlotKV:
 class LlamaForward:
     """Prefill and decode for a Llama / Qwen2 / Mistral HF module over a ``SlotKV``."""
 
-    def __init__(self, model, merge_adapters: bool = True):
+    def __init__(self, model, merge_adapters: bool = True, dtype: torch.dtype | None = None):
         self.capture_hidden, self.hidden = False, None  # set by the engine when a row keeps its hidden state
         check_supported(model)
         self.model = model
         self.merge_adapters = merge_adapters  # LoRA: one merged matrix per linear (sampling), else factored
+        self.compute_dtype = dtype  # None: the model's own tensors, by reference; else an owned cast copy
         config = model.config
         attn = model.model.layers[0].self_attn
         self.head_dim = attn.head_dim
@@ -212,13 +219,35 @@ class LlamaForward:
     def device(self) -> torch.device:
         return self.embed.device
 
+    def set_dtype(self, dtype: torch.dtype | None) -> None:
+        """Compute in ``dtype`` from now on (None: the model's own): the copy is cast anew."""
+        self.compute_dtype = dtype
+        self._cos = self._sin = None  # the rotary tables follow the compute dtype
+        self.refresh()
+
+    def _caster(self):
+        """``cast(tensor)``: the tensor itself, or its copy in ``compute_dtype`` (each tensor cast once)."""
+        dtype, done = self.compute_dtype, {}
+
+        def cast(t):
+            if t is None or dtype is None or t.dtype == dtype:
+                return t
+            if id(t) not in done:
+                with torch.no_grad():
+                    done[id(t)] = t.detach().to(dtype)
+            return done[id(t)]
+
+        return cast
+
     def refresh(self) -> None:
-        """Re-read parameter references (after a load that may have replaced tensors); LoRA
-        linears are merged anew (``merge_adapters``) or their adapters re-read."""
-        m, merge = self.model, self.merge_adapters
-        self.embed = m.model.embed_tokens.weight
-        self.norm = (m.model.norm.weight, m.model.norm.variance_epsilon)
-        self.lm_head = _wb(m.lm_head, merge)
+        """Re-read parameter references (after a load that may have replaced tensors) — or, with a
+        ``compute_dtype``, cast them anew; LoRA linears are merged anew (``merge_adapters``) or their
+        adapters re-read."""
+        m, merge, cast = self.model, self.merge_adapters, self._caster()
+        wb = lambda linear: tuple(map(cast, _wb(linear, merge)))  # noqa: E731
+        self.embed = cast(m.model.embed_tokens.weight)
+        self.norm = (cast(m.model.norm.weight), m.model.norm.variance_epsilon)
+        self.lm_head = wb(m.lm_head)
         config_window = getattr(m.config, "sliding_window", None)
         self.layers = []
         for layer in m.model.layers:
@@ -226,9 +255,9 @@ class LlamaForward:
             linears = {"q": a.q_proj, "k": a.k_proj, "v": a.v_proj, "o": a.o_proj,
                        "gate": mlp.gate_proj, "up": mlp.up_proj, "down": mlp.down_proj}
             self.layers.append(_Layer(
-                norm_in=layer.input_layernorm.weight, norm_post=layer.post_attention_layernorm.weight,
+                norm_in=cast(layer.input_layernorm.weight), norm_post=cast(layer.post_attention_layernorm.weight),
                 eps=layer.input_layernorm.variance_epsilon,
-                **{name: _wb(linear, merge) for name, linear in linears.items()}, act=mlp.act_fn,
+                **{name: wb(linear) for name, linear in linears.items()}, act=mlp.act_fn,
                 scale=a.scaling,
                 # Qwen2 sets it per layer (None on full-attention layers); Mistral in the config
                 window=a.sliding_window if hasattr(a, "sliding_window") else config_window,

@@ -81,14 +81,16 @@ class SlotEngine(Admission, Decoding, EngineLoop):
     ``max_position_embeddings``); the cache grows to what submitted requests need, up to it.
     ``share_prefix_min``: leaders prefilled together that begin with at least this many equal ids
     (different prompts after one system prompt) prefill that prefix once (0 = never).
+    ``dtype``: the sampling precision (None = the model's own); another dtype makes the engine
+    keep its own cast copy of the weights, refreshed at every ``load_weights`` (``LlamaForward``).
     Raises ``UnsupportedModelError`` for other architectures (use the v1 ``Engine``).
     """
 
     def __init__(self, model, *, pad_token_id: int, max_batch_size: int = 64, seed: int = 0,
-                 max_len: int | None = None, share_prefix_min: int = 16):
+                 max_len: int | None = None, share_prefix_min: int = 16, dtype: torch.dtype | None = None):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size (the number of slots) must be >= 1, got {max_batch_size}")
-        self.forward = LlamaForward(model)
+        self.forward = LlamaForward(model, dtype=dtype)
         self.model = model
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
@@ -122,6 +124,20 @@ class SlotEngine(Admission, Decoding, EngineLoop):
     @property
     def device(self) -> torch.device:
         return self.forward.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The precision the engine samples in."""
+        return self.forward.dtype
+
+    def set_dtype(self, dtype: torch.dtype | None) -> None:
+        """Sample in ``dtype`` from now on (None: the model's own), its weights cast anew; only
+        between generations (no running row): the cache and kept prefixes are dropped."""
+        if self._rows:
+            raise RuntimeError("SlotEngine.set_dtype with sequences running; call it between generations")
+        self.forward.set_dtype(dtype)
+        self._kv = None  # reallocated in the new dtype at the next admission
+        self._prefixes.clear()
 
     # -- contract -------------------------------------------------------------------------
     def submit(self, requests: list[Request]) -> list[int]:

@@ -157,5 +157,10 @@ def test_the_headline_says_when_a_reward_failed_or_nothing_trained():
     assert "reward function <code>f</code> failed on 4 completions" in html and "<code>g</code>" not in html
     assert "75% of groups had no reward spread" in html
     assert "25.0% → 50.0%</b> (+25.0 points)" in html
+    recorded = run("c", [])
+    recorded.summary = {"steps": 3, "generated_tokens": 1234, "wall_seconds": 90.0,
+                        "cpu": {"model": "Some CPU @ 2GHz", "cores": 2, "flags": ["avx2"]}}
+    assert "3 RL steps · 1,234 generated tokens · 1.5 min RL wall time · CPU: Some CPU @ 2GHz, 2 cores" in (
+        summary_section([recorded]))
     quiet = summary_section([run("b", steps(**{"groups/zero_signal": [0.25, 0.5]}))])
     assert "failed on" not in quiet and "no reward spread" not in quiet

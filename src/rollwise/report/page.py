@@ -49,8 +49,16 @@ def _cost(h: dict) -> str:
     wall = h.get("wall_seconds")
     parts = [f"{h.get('steps', MISSING)} RL steps", f"{h.get('generated_tokens', 0) or 0:,} generated tokens",
              f"{wall / 60:.1f} min RL wall time" if isinstance(wall, (int, float)) else None,
-             f"CPU: {h['cpu']}" if h.get("cpu") else None]
+             _cpu(h.get("cpu"))]
     return " · ".join(p for p in parts if p)
+
+
+def _cpu(cpu) -> str | None:
+    """The machine as ``summary.json`` records it (``rollwise.hardware.cpu_record``: a dict), or None."""
+    if isinstance(cpu, dict):
+        cores = f", {cpu['cores']} cores" if cpu.get("cores") else ""
+        return f"CPU: {cpu.get('model', '?')}{cores}"
+    return f"CPU: {cpu}" if cpu else None
 
 
 def _notes(run: Run) -> list[str]:

@@ -97,7 +97,8 @@ def test_resume_applies_and_records_the_keys_that_may_change(tmp_path):
     result = train(tmp_path, "--resume", "--set", "train.eval_every=1", steps=3)
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert f"resuming {tmp_path / 'r'} from step 2 (checkpoint {tmp_path / 'r' / 'checkpoints' / 'step_000002'})" in text
+    ckpt = tmp_path / "r" / "checkpoints" / "step_000002"
+    assert f"resuming {tmp_path / 'r'} from step 2 (checkpoint {ckpt})" in text
     assert "train.steps: 2 → 3" in text and "train.eval_every: 0 → 1" in text
     run = tmp_path / "r"
     assert json.loads((run / "summary.json").read_text())["steps"] == 3  # the new stop applied

@@ -47,7 +47,8 @@ def test_the_readme_shows_the_example_recipe():
 def test_the_readme_command_runs(tmp_path):
     """Run from the repository's root in a fresh process, as a user would, shortened to 1 RL step."""
     rollwise = Path(sys.executable).with_name("rollwise")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # nothing written in the repo
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # no bytecode written beside the example
     shorter = ["--set", f"output_dir={tmp_path}", "--set", "sft.steps=2", "--set", "train.steps=1",
                "--set", "model.threads=1", "--set", "train.eval_samples=0"]
     done = subprocess.run([str(rollwise), *readme_command(), *shorter], cwd=ROOT, env=env, capture_output=True,

@@ -9,6 +9,11 @@ and CI use it) derandomizes — the examples are derived from each test's source
 gives the same verdict on every run — with no example database and no deadline (a verdict
 never depends on timing). ``HYPOTHESIS_PROFILE=dev`` explores fresh random examples; a
 failing example found that way becomes an explicit ``@example`` on the test.
+
+The CPU is pinned: ``rollwise.hardware`` reads a fixed AVX2-only cpuinfo sample in every test
+(and its subprocesses), so ``rollout.engine_dtype: auto`` is fp32 and every verdict is the same
+on AVX2 and AVX-512 machines; tests that want another CPU pass a sample themselves. Its
+benchmark cache goes to a temporary directory, never ~/.cache.
 """
 
 import os
@@ -21,6 +26,12 @@ from hypothesis import settings
 from tinymodel import tiny_redrawn
 
 torch.set_num_threads(1)
+os.environ["ROLLWISE_CPUINFO"] = os.path.join(os.path.dirname(__file__), "fixtures", "cpuinfo", "avx2_epyc.txt")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernel_cache(tmp_path_factory):
+    os.environ["ROLLWISE_CACHE_DIR"] = str(tmp_path_factory.mktemp("rollwise-cache"))
 
 settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
 settings.register_profile("dev", deadline=None)

@@ -45,12 +45,14 @@ def comparable(m: dict) -> dict:
     """Metrics that must be equal bit for bit. The behaviour/policy log-prob gap is compared apart,
     to float noise: it subtracts the engine's log-probs (the producer's own copy of the weights
     in async mode) from the trainer's, and two copies of one tensor may be laid out differently in
-    memory (a copy vs safetensors' mmap), which moves the last bits of a matmul."""
-    return {k: v for k, v in m.items() if not k.startswith(("time/", "async/", "logprob_gap/"))}
+    memory (a copy vs safetensors' mmap), which moves the last bits of a matmul; so are the
+    ``mismatch/*`` statistics computed from the same gap."""
+    return {k: v for k, v in m.items() if not k.startswith(("time/", "async/", "logprob_gap/", "mismatch/"))}
 
 
 def same_gaps(a: list[dict], b: list[dict]) -> bool:
-    gaps = lambda ms: [v for m in ms for k, v in sorted(m.items()) if k.startswith("logprob_gap/")]  # noqa: E731
+    gap = ("logprob_gap/", "mismatch/")
+    gaps = lambda ms: [v for m in ms for k, v in sorted(m.items()) if k.startswith(gap)]  # noqa: E731
     return len(gaps(a)) == len(gaps(b)) and all(abs(x - y) < 1e-6 for x, y in zip(gaps(a), gaps(b)))
 
 

@@ -103,3 +103,143 @@ def test_bf16_and_fp32_sample_the_same_ids_where_the_gap_guarantees_it(model, te
         assert a[:sure] == b[:sure]
         compared += sure
     assert compared >= 8  # the check compared something
+
+
+# -- the mismatch metrics ---------------------------------------------------------------------
+def test_mismatch_metrics_on_a_hand_case():
+    """Trainer p = (1/2, 1/4) on two sampled tokens the behaviour gave (1/4, 1/4); a third token is
+    off the mask and counts nowhere. r = π_trainer/π_behaviour = (2, 1):
+    mean |Δlog p| = (log 2 + 0)/2; k3 = mean(r − 1 − log r) = (1 − log 2)/2, an estimate of
+    KL(behaviour ‖ trainer) from the behaviour's samples; ESS = (Σr)²/(n Σr²) = 9/10."""
+    import math
+
+    from rollwise.optim.correction import behavior_weights, mismatch_metrics
+
+    trainer = torch.tensor([[math.log(0.5), math.log(0.25), 0.0]])
+    behaviour = torch.tensor([[math.log(0.25), math.log(0.25), -5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    m = {k: float(v) for k, v in mismatch_metrics(trainer, behaviour, mask).items()}
+    assert m["mismatch/abs_logprob_diff"] == pytest.approx(math.log(2) / 2)
+    assert m["mismatch/kl_k3"] == pytest.approx((1 - math.log(2)) / 2)
+    assert m["mismatch/ess"] == pytest.approx(0.9)
+    # the share the correction truncates or masks: per token (token modes), the tokens of a cut sequence
+    frac = lambda mode, cap, cap_min=0.0: float(  # noqa: E731
+        behavior_weights(trainer, behaviour, mask, mode, cap, cap_min)[1]["mismatch/truncated_frac"])
+    assert frac("token_truncate", 1.5) == 0.5 and frac("token_mask", 1.5) == 0.5
+    assert frac("token_truncate", 2.5) == 0.0
+    assert frac("sequence_mask", 3.0) == 0.0 and frac("sequence_mask", 3.0, cap_min=2.5) == 1.0
+    assert frac("sequence_truncate", 1.5) == 1.0
+    same = mismatch_metrics(trainer, trainer, mask)  # no gap: no divergence, full sample size
+    assert float(same["mismatch/kl_k3"]) == 0.0 and float(same["mismatch/ess"]) == pytest.approx(1.0)
+
+
+# -- what auto picks ----------------------------------------------------------------------------
+def test_auto_picks_bf16_only_with_native_bf16_and_a_faster_benchmark(model):
+    from rollwise.hardware import cpu_info
+    from rollwise.train.precision import choose
+
+    genoa, avx2 = cpu_info(SAMPLES / "avx512_bf16_genoa.txt"), cpu_info(SAMPLES / "avx2_epyc.txt")
+    asked = []
+    faster = lambda shapes: asked.append(shapes) or 2.0  # noqa: E731  (the benchmark, stubbed)
+    assert choose("auto", model, genoa, faster)[0] == torch.bfloat16
+    assert asked[0].hidden == model.config.hidden_size and asked[0].vocab == model.config.vocab_size
+    assert choose("auto", model, genoa, lambda shapes: 1.0)[0] == torch.float32  # native, but not faster
+    assert choose("auto", model, avx2, faster)[0] == torch.float32  # AVX2-only: fp32, not even measured
+    assert len(asked) == 1
+    assert choose("auto", model, cpu_info(SAMPLES / "amx_sapphire_rapids.txt"), faster)[0] == torch.bfloat16
+    assert choose("auto", model, cpu_info(SAMPLES / "avx512_cascade_lake.txt"), faster)[0] == torch.float32
+    assert choose("bfloat16", model, avx2)[0] == torch.bfloat16  # asked for: runs (slowly) anywhere
+    assert choose("float32", model, genoa, faster)[0] == torch.float32
+
+
+def trainer_for(tmp_path, *sets):
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+
+    cfg = load_run_config(None, [f"output_dir={tmp_path}", "task.max_digits=1", "task.eval_size=4",
+                                 "rollout.prompts_per_step=2", "rollout.num_generations=4",
+                                 "rollout.max_new_tokens=8", "train.eval_every=0", "train.checkpoint_every=0",
+                                 "model.threads=1", "optim.skip_zero_advantage=false", *sets])
+    return Trainer(cfg)
+
+
+@pytest.fixture
+def native_bf16_cpu(monkeypatch):
+    """Detection forced to an AVX-512 BF16 CPU whose benchmark (stubbed) finds bf16 faster."""
+    import rollwise.hardware
+
+    monkeypatch.setenv("ROLLWISE_CPUINFO", str(SAMPLES / "avx512_bf16_genoa.txt"))
+    monkeypatch.setattr(rollwise.hardware, "bf16_speedup", lambda shapes, info=None: 2.0)
+
+
+def test_auto_on_this_avx2_sample_changes_nothing(tmp_path):
+    with trainer_for(tmp_path) as t:  # conftest pins the AVX2 sample
+        assert t.engine_dtype == torch.float32 and t.engine.dtype == torch.float32
+        assert t.engine.forward.embed is t.model.model.embed_tokens.weight  # no copy
+        assert t.cfg.objective.tis_mode == "sequence_mask"  # the sync default, unchanged
+        assert t.summary()["engine_dtype"] == "float32" and t.summary()["cpu"]["model"] == "AMD EPYC"
+
+
+def test_auto_on_a_native_bf16_cpu_samples_bf16_with_the_correction(tmp_path, native_bf16_cpu):
+    with trainer_for(tmp_path) as t:
+        assert t.engine.dtype == torch.bfloat16 and t.model.dtype == torch.float32
+        assert t.cfg.objective.tis_mode == "token_truncate"
+    with trainer_for(tmp_path, "objective.tis_mode=sequence_mask") as t:  # the recipe's choice wins
+        assert t.cfg.objective.tis_mode == "sequence_mask"
+    with trainer_for(tmp_path, "rollout.engine_dtype=float32") as t:
+        assert t.engine.dtype == torch.float32 and t.cfg.objective.tis_mode == "sequence_mask"
+
+
+# -- the guard ----------------------------------------------------------------------------------
+def perturb(engine):
+    """The engine's own copy of the LM head scaled: its behaviour policy is far from the trainer's."""
+    w, b = engine.forward.lm_head
+    engine.forward.lm_head = (w * 6, b)
+
+
+def test_the_guard_falls_back_to_fp32_under_auto(tmp_path, native_bf16_cpu, caplog):
+    with trainer_for(tmp_path, "name=auto", "train.steps=2") as t:
+        t.prepare()
+        perturb(t.engine)
+        with caplog.at_level("WARNING", logger="rollwise.train.precision"):
+            summary = t.fit()
+        lines = [r for r in (tmp_path / "auto" / "metrics.jsonl").read_text().splitlines() if "mismatch/kl_k3" in r]
+        import json
+
+        first = json.loads(lines[0])
+        assert first["mismatch/kl_k3"] > 0.01 and first["mismatch/fallback"] == 1.0
+        assert first["mismatch/ess"] < 1 and 0 <= first["mismatch/truncated_frac"] <= 1
+        assert t.engine.dtype == torch.float32  # re-cast: the engine reads the fp32 masters again
+        assert t.engine.forward.embed is t.model.model.embed_tokens.weight
+        assert summary["engine_dtype"] == "float32" and summary["engine_fallback"] is True
+        warned = [r for r in caplog.records if "mismatch_kl_bound" in r.getMessage()]
+        assert len(warned) == 1 and "falling back to fp32" in warned[0].getMessage()
+
+
+def test_the_guard_only_warns_when_bf16_was_asked_for(tmp_path, caplog):
+    with trainer_for(tmp_path, "name=asked", "rollout.engine_dtype=bfloat16", "train.steps=2") as t:
+        assert t.cfg.objective.tis_mode == "token_truncate"  # the correction comes with it
+        t.prepare()
+        perturb(t.engine)
+        with caplog.at_level("WARNING", logger="rollwise.train.precision"):
+            summary = t.fit()
+        assert t.engine.dtype == torch.bfloat16 and summary["engine_fallback"] is False
+        assert any("rollout.engine_dtype=float32" in r.getMessage() for r in caplog.records)
+
+
+def test_the_guard_on_its_own():
+    from rollwise.train.precision import MismatchGuard
+
+    class Engine:
+        dtype = torch.bfloat16
+
+        def set_dtype(self, dtype):
+            self.dtype = dtype
+
+    engine, guard = Engine(), MismatchGuard("auto", torch.bfloat16, 0.01)
+    assert guard.check({"mismatch/kl_k3": 0.005}, [engine]) == {"mismatch/bound_exceeded": 0.0,
+                                                                "mismatch/fallback": 0.0}
+    assert engine.dtype == torch.bfloat16
+    assert guard.check({"mismatch/kl_k3": 0.02}, [engine, None])["mismatch/fallback"] == 1.0
+    assert engine.dtype == torch.float32
+    assert guard.check({"mismatch/kl_k3": 0.02}, [engine])["mismatch/bound_exceeded"] == 0.0  # fp32 now: no bound

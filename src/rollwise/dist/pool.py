@@ -139,12 +139,18 @@ class WorkerPool:
         self.sync = 0  # bumped by load_weights; put in the object store at the next generate
         self.weights: tuple[int, object] | None = None  # (sync id, object ref) of the state dict put last
         self.stats = PoolStats()
+        self.dtype = None  # the workers' sampling precision (set_dtype)
         self.after_dispatch: Callable[[WorkerPool], None] | None = None  # tests: kill a worker mid-step
 
     def spawn(self):
         return self.actor.remote(*self.init_args, **self.init_kwargs)
 
     # -- the engine contract the loop reads ------------------------------------------------------
+    def set_dtype(self, dtype) -> None:
+        """The workers' engines sample in ``dtype`` (a ``torch.dtype``; None = the model's own) from
+        their next shard on (``rollout.engine_dtype``, chosen by the driver; the mismatch guard's fallback)."""
+        self.dtype = dtype
+
     def load_weights(self, source) -> int:
         """The policy changed: workers load ``source``'s state dict (the model or a state dict) before
         their next shard. Returns the new version, as an engine does."""
@@ -170,7 +176,8 @@ class WorkerPool:
 
         def send(worker, indices):
             mine = [b if i in indices else 0 for i, b in enumerate(budgets)]
-            pending[worker.run.remote(prompts_ref, mine, seed, sync, self.version, [ref])] = (worker, indices)
+            pending[worker.run.remote(prompts_ref, mine, seed, sync, self.version, [ref],
+                                      dtype=self.dtype)] = (worker, indices)
 
         for worker, indices in zip(self.workers, shards):
             if indices:

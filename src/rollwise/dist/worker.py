@@ -74,11 +74,14 @@ class RolloutWorker:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def run(self, prompts: list[Prompt], budgets: list[int], seed: int, sync: int, version: int,
-            weights: list) -> ShardResult:
+            weights: list, dtype=None) -> ShardResult:
         """Sample ``budgets[i]`` rollouts of ``prompts[i]`` (0: not this worker's) with the weights
         of sync id ``sync`` (``weights`` = [their object ref], loaded when newer than the held ones),
-        tokens tagged with policy ``version``; score them when this worker scores."""
+        tokens tagged with policy ``version``, in precision ``dtype`` (the driver's choice, None = the
+        model's own: the engine keeps its own cast copy); score them when this worker scores."""
         start = time.perf_counter()
+        if dtype is not None and dtype != self.engine.dtype and hasattr(self.engine, "set_dtype"):
+            self.engine.set_dtype(dtype)  # re-cast from the worker's model, which holds the latest weights loaded
         if sync != self.synced:
             self.load(weights[0])
             self.synced = sync

@@ -21,6 +21,19 @@ defaults to ``token_truncate`` with C = 2 — AReaL's decoupled PPO weight sg(mi
 (``rollwise.train.config``).
 Departure: ``sequence_mask`` keeps weight 1 inside the band (TRL's mask mode) rather than Πw,
 so an on-policy sequence is weighted exactly as without correction.
+
+The mismatch itself is measured every step, whatever the mode (``mismatch_metrics``; the
+update logs them as ``mismatch/*``): on the sampled (trained) tokens, with
+r = π_trainer/π_behaviour = exp(ℓ^old − ℓ^μ) per token —
+
+- ``mismatch/abs_logprob_diff``: mean |ℓ^old − ℓ^μ|;
+- ``mismatch/kl_k3``: mean(r − 1 − log r), Schulman's k3 estimator of KL(behaviour ‖ trainer):
+  the tokens are drawn from the behaviour μ, and for x ~ q, r = p(x)/q(x), E_q[r − 1 − log r] =
+  KL(q ‖ p) (unbiased, every term ≥ 0) — here q = μ, p = π_trainer;
+- ``mismatch/ess``: (Σr)² / (n Σr²), the normalised effective sample size of the untruncated
+  per-token weights (1 = no mismatch; small = a few tokens carry the weight);
+- ``mismatch/truncated_frac`` (from ``behavior_weights``): the share of trained tokens the
+  correction truncated or masked (a sequence mode's cut sequences count all their tokens).
 """
 
 from __future__ import annotations
@@ -51,11 +64,13 @@ def behavior_weights(
         mask = (mask > 0).float()  # a loss mask may carry weights (tree nodes): only where matters here
         log_w = (old_logprobs - behavior_logprobs) * mask  # [B, T]
         ones = torch.ones_like(log_w)
+        n_tokens = mask.sum().clamp(min=1)
         if mode == "none":
-            return ones, {}
+            return ones, {"mismatch/truncated_frac": torch.zeros(())}
         if mode in ("token_truncate", "token_mask"):
             w = torch.exp(log_w)
             hit = (w > cap) & mask.bool()
+            cut = hit.sum() / n_tokens
             w = w.clamp(max=cap) if mode == "token_truncate" else torch.where(hit, torch.zeros_like(w), w)
             n = mask.sum().clamp(min=1)
             stats = {f"tis/{'truncated' if mode == 'token_truncate' else 'masked'}_tokens": hit.sum() / n}
@@ -71,9 +86,32 @@ def behavior_weights(
             n = has_tokens.sum().clamp(min=1)
             name = "truncated" if mode == "sequence_truncate" else "masked"
             stats = {f"tis/{name}_sequences": (hit & has_tokens).sum() / n}
+            cut = (mask.sum(-1) * hit).sum() / n_tokens
         else:
             raise ValueError(f"tis_mode must be one of none, token_truncate, token_mask, sequence_truncate, "
                              f"sequence_mask; got {mode!r}")
         w = torch.where(mask.bool(), w, ones)
-        stats["tis/weight_mean"] = (w * mask).sum() / mask.sum().clamp(min=1)
+        stats["tis/weight_mean"] = (w * mask).sum() / n_tokens
+        stats["mismatch/truncated_frac"] = cut
         return w, stats
+
+
+def mismatch_metrics(trainer_logprobs: torch.Tensor, behavior_logprobs: torch.Tensor,
+                     mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The behaviour-vs-trainer gap on the tokens of ``mask`` [B, T] (module docstring): mean
+    |Δlog p|, k3 KL(behaviour ‖ trainer), normalised ESS of the per-token weights.
+
+    >>> lp = torch.tensor([[-1.0, -2.0]])
+    >>> float(mismatch_metrics(lp, lp, torch.ones(1, 2))["mismatch/kl_k3"])
+    0.0
+    """
+    with torch.no_grad():
+        mask = (mask > 0).to(trainer_logprobs.dtype)
+        n = mask.sum().clamp(min=1)
+        log_r = (trainer_logprobs - behavior_logprobs) * mask  # [B, T], 0 off the mask
+        r = torch.exp(log_r)
+        k3 = (r - 1 - log_r) * mask  # ≥ 0 per token; exp(0) − 1 − 0 = 0 off the mask anyway
+        w, w2 = (r * mask).sum(), (r * r * mask).sum()
+        ess = (w * w / (n * w2)) if float(mask.sum()) > 0 else torch.ones(())
+        return {"mismatch/abs_logprob_diff": log_r.abs().sum() / n, "mismatch/kl_k3": k3.sum() / n,
+                "mismatch/ess": ess}

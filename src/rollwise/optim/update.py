@@ -35,6 +35,7 @@ from rollwise.model.logprobs import logits_chunk, token_logprobs_and_entropy
 from rollwise.model.packed import PackedForward
 from rollwise.model.reference import as_reference
 from rollwise.optim.batch import TrainBatch
+from rollwise.optim.correction import mismatch_metrics
 from rollwise.optim.losses import token_weights
 from rollwise.optim.objective import ObjectiveConfig, policy_loss
 
@@ -168,6 +169,10 @@ def _backward(model, forward: PackedForward | None, sub: TrainBatch, weights: to
     with torch.no_grad():
         gap = ((policy_lp.detach() - sub.behavior_logprobs).abs() * mask).sum() / mask.sum().clamp(min=1)
     m["logprob_gap/behavior_vs_policy"] = gap
+    # the behaviour/trainer mismatch against the proximal policy the IS weight uses (optim/correction.py);
+    # averaged over micro-batches by token share like the statistics above (the ESS so only approximately)
+    m |= mismatch_metrics(old_lp.detach(), sub.behavior_logprobs, mask)
+    m.setdefault("mismatch/truncated_frac", torch.zeros(()))  # tis_mode none: nothing truncated
     m["tokens"] = float(mask.sum())
     return m
 

@@ -61,6 +61,13 @@ class RolloutConfig(StrictModel):
     engine: Literal["auto", "slots", "v1"] = Field(
         "auto", description="slots: continuous batching + fork/pause (Llama/Qwen2/Mistral); v1: any HF model; auto"
     )
+    engine_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="the precision the engine samples in, from its own copy of the weights (the trainer keeps "
+        "fp32): auto = bf16 on a CPU with native bf16 (AVX-512 BF16, AMX) where a one-off benchmark at the model's "
+        "shapes finds it faster, or on CUDA with bf16; else fp32 (docs/engine.md#precision)")
+    mismatch_kl_bound: float = Field(
+        0.01, gt=0, description="past this k3 KL(behaviour || trainer) per sampled token (mismatch/kl_k3) a run "
+        "sampling below fp32 warns, and with engine_dtype=auto falls back to fp32")
     tree: TreeConfig = Field(default_factory=TreeConfig, description="strategy=tree (TreePO) options")
     latr: LatrConfig = Field(default_factory=LatrConfig, description="strategy=latr (LATR) options")
     april: AprilConfig = Field(default_factory=AprilConfig, description="strategy=april (APRIL) options")
@@ -227,6 +234,17 @@ def _fill_stale_token_correction(data: dict) -> dict:
     return {**data, "objective": {**objective, **STALE_TOKEN_OBJECTIVE}}
 
 
+def _fill_low_precision_correction(data: dict) -> dict:
+    from rollwise.train.precision import lower_precision_source
+
+    objective = data.get("objective") or {}
+    if not isinstance(objective, dict) or objective.get("tis_mode") is not None:
+        return data
+    if "tis_mode" in PRESETS.get(objective.get("method", "grpo"), {}) or lower_precision_source(data) is None:
+        return data
+    return {**data, "objective": {**objective, **STALE_TOKEN_OBJECTIVE}}
+
+
 def _fill_preset_sections(data: dict) -> dict:
     if isinstance(data.get("objective"), dict):
         for section, fill in PRESET_SECTIONS.get(data["objective"].get("method"), {}).items():
@@ -254,6 +272,9 @@ FILLS = (
                 "a replay method that serves stored groups, rollout.strategy=april)",
                 "objective.tis_mode = token_truncate, unless the objective preset sets tis_mode "
                 "(optim.objective.STALE_TOKEN_OBJECTIVE)", _fill_stale_token_correction),
+    SectionFill("an engine that may sample below fp32 (rollout.engine_dtype=bfloat16; auto on CUDA or on a CPU with "
+                "native bf16)", "objective.tis_mode = token_truncate, unless the objective preset sets tis_mode "
+                "(train.precision)", _fill_low_precision_correction),
     SectionFill("objective.method=dapo", "control.method = dynamic_sampling (DAPO is its loss and its dynamic "
                 "sampling; optim.objective.PRESET_SECTIONS)", _fill_preset_sections),
 )

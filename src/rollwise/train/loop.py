@@ -40,7 +40,7 @@ from rollwise.optim.objective import assign_advantages
 from rollwise.optim.update import UpdateSpec, policy_update
 from rollwise.replay import build_replay
 from rollwise.replay import check_composition as check_replay
-from rollwise.train import outcome, rundir
+from rollwise.train import outcome, precision, rundir
 from rollwise.train import resume as resume_rules
 from rollwise.train.build import (
     async_threads,
@@ -85,8 +85,12 @@ class Trainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.packed = packed_forward(cfg.optim.forward, self.model)
+        # the engine samples from its own copy in this precision; the guard watches the mismatch (train/precision.py)
+        self.engine_dtype, self.engine_dtype_reason = precision.choose(r.engine_dtype, self.model)
+        self.guard = precision.MismatchGuard(r.engine_dtype, self.engine_dtype, r.mismatch_kl_bound)
         self.engine = make_engine(self.model, pad_token_id=self.tokenizer.pad_token_id,
-                                  max_batch_size=r.max_batch_size, seed=cfg.seed, kind=r.engine)
+                                  max_batch_size=r.max_batch_size, seed=cfg.seed, kind=r.engine,
+                                  dtype=self.engine_dtype)
         self.stop_ids = (self.tokenizer.eos_token_id,)
         self.sampling = sampling_params(r, self.tokenizer)
         self.stats = PromptStats()  # per-prompt running statistics the controller reads
@@ -102,6 +106,7 @@ class Trainer:
             from rollwise.dist import WorkerPool
 
             self.pool = WorkerPool(cfg, self.model)
+            self.pool.set_dtype(self.engine_dtype)
         self.state = TrainState()
         self.pipeline: Pipeline | None = None  # train.mode=async: the producer thread (started by step())
         self.queued: list[ScoredBatch] = []  # async: batches a resumed checkpoint holds, generated but untrained
@@ -219,6 +224,7 @@ class Trainer:
         metrics["train/skipped_updates"] = float(self.state.skipped_updates)
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the LR this step trained with
         self.scheduler.step()  # once per training step, however many passes the update made
+        metrics |= self.guard.check(metrics, (self.engine, self.pipeline, self.pool))  # past the bound: auto → fp32
         self.engine.load_weights(self.model)  # in-process: parameters are shared, only the version moves
         if self.pool is not None and self.pipeline is None:  # sync with workers: they load at next use
             self.pool.load_weights(self.model)
@@ -382,7 +388,8 @@ class Trainer:
         return summary
 
     def summary(self) -> dict:
-        return run_summary(self.state, self.cfg, self.task.name, self.judge.name, bool(self.eval_prompts))
+        return run_summary(self.state, self.cfg, self.task.name, self.judge.name, bool(self.eval_prompts)) | \
+            precision.summary(self.guard)
 
     def write_report(self) -> Path | None:
         """Write ``report.html`` into the run directory; a failure is a warning, never a failed run."""

@@ -76,7 +76,9 @@ class Pipeline:
             self.engine.load_weights(self.model)
         else:
             self.engine = make_engine(self.model, pad_token_id=trainer.tokenizer.pad_token_id,
-                                      max_batch_size=cfg.rollout.max_batch_size, seed=cfg.seed, kind=cfg.rollout.engine)
+                                      max_batch_size=cfg.rollout.max_batch_size, seed=cfg.seed, kind=cfg.rollout.engine,
+                                      dtype=trainer.guard.dtype)  # its own low-precision copy of this copy
+        self.dtype = None  # set_dtype: the precision the producer's engine re-casts to at its next weight load
         self.engine.version = trainer.state.step
         self.queue: deque = deque(queued or [])
         self.next_step = trainer.state.step + len(self.queue)  # the next batch the producer makes
@@ -100,6 +102,10 @@ class Pipeline:
     # -- the trainer's side ---------------------------------------------------------------------
     def start(self) -> None:
         self.thread.start()
+
+    def set_dtype(self, dtype) -> None:
+        """The producer's engine samples in ``dtype`` from its next batch on (the mismatch guard's fallback)."""
+        self.dtype = dtype
 
     def publish(self, version: int) -> None:
         """The trainer's current weights become ``version`` (a snapshot the producer may load)."""
@@ -188,6 +194,9 @@ class Pipeline:
                     weights = self.snapshots[version]
                     self.busy = True
                     self.started += 1
+                if self.dtype is not None and hasattr(self.engine, "set_dtype"):  # between batches: nothing running
+                    self.engine.set_dtype(self.dtype)
+                    self.dtype = None
                 if self.engine.version != version:
                     load_policy_state(self.model, weights)
                     self.engine.load_weights(self.model)

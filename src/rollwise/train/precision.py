@@ -1,0 +1,123 @@
+"""The engine's sampling precision (``rollout.engine_dtype``) and the guard on the mismatch it makes.
+
+The trainer keeps fp32 master weights; the engine samples from its own copy in the chosen
+precision, refreshed at every ``load_weights`` (``rollwise.engine``). ``auto`` picks, once, when
+the trainer is built (``choose``):
+
+- on CUDA: bf16 where ``torch.cuda.is_bf16_supported()`` (untested here), else fp32;
+- on a CPU: bf16 only where the CPU has native bf16 (AVX-512 BF16 or AMX BF16,
+  ``rollwise.hardware.native_bf16``) AND the one-off micro-benchmark at the model's own shapes
+  says bf16's ``F.linear`` is at least ``MIN_SPEEDUP`` times as fast as fp32's
+  (``hardware.bf16_speedup``, cached per machine); else fp32 — on an AVX2-only CPU always fp32,
+  and nothing changes;
+- a policy loaded in another dtype than fp32 (``model.dtype``) samples in its own dtype.
+
+The mismatch bound is checked while training (``MismatchGuard``): each step's
+``mismatch/kl_k3`` (k3 KL(behaviour ‖ trainer) per sampled token, ``optim/correction.py``) is
+compared with ``rollout.mismatch_kl_bound``; past it the run warns once and, with ``auto``,
+falls back to fp32 (the engine's copy re-cast; ``mismatch/fallback`` = 1 from that step on).
+An explicit ``bfloat16`` only warns: the recipe asked for it.
+
+The correction (``objective.tis_mode = token_truncate``, as for stale tokens) is filled at
+config time where the engine may sample below fp32 (``lower_precision_source``): ``bfloat16``,
+or ``auto`` on a CPU with native bf16 or a CUDA device — before the benchmark, so on such a
+machine a run whose benchmark picks fp32 still weights by the (≈ 1) truncated ratio.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from rollwise import hardware
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+MIN_SPEEDUP = 1.1  # bf16 must beat fp32 by this ratio at the model's shapes (a tie is not worth the mismatch)
+
+
+def choose(choice: str, model, info: hardware.CpuInfo | None = None, speedup=None) -> tuple[torch.dtype, str]:
+    """The engine's dtype for ``rollout.engine_dtype = choice`` and why. ``info`` and ``speedup``
+    (``Shapes -> fp32 time / bf16 time``) replace the detection and the benchmark (tests)."""
+    if choice != "auto":
+        return DTYPES[choice], f"rollout.engine_dtype={choice}"
+    if model.dtype != torch.float32:
+        return model.dtype, f"the policy's own dtype ({model.dtype}, model.dtype)"
+    if next(model.parameters()).device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return torch.bfloat16, "auto: CUDA with bf16"
+        return torch.float32, "auto: CUDA without bf16"
+    info = info or hardware.cpu_info()
+    if not hardware.native_bf16(info):
+        return torch.float32, f"auto: {info.model} has no native bf16 (avx512_bf16 or amx_bf16)"
+    shapes = hardware.Shapes.of(model)
+    ratio = speedup(shapes) if speedup is not None else hardware.bf16_speedup(shapes, info)
+    if ratio < MIN_SPEEDUP:
+        return torch.float32, f"auto: bf16 F.linear only {ratio:.2f}x fp32 at the model's shapes on {info.model}"
+    return torch.bfloat16, f"auto: native bf16 on {info.model}, F.linear {ratio:.2f}x fp32 at the model's shapes"
+
+
+def lower_precision_source(data: dict) -> str | None:
+    """Why the engine may sample below fp32 (``rollout.engine_dtype`` as the raw config sets it), or
+    None: the config-time condition for the default correction."""
+    rollout = data.get("rollout")
+    raw = rollout.get("engine_dtype", "auto") if isinstance(rollout, dict) else getattr(rollout, "engine_dtype", "auto")
+    if raw == "bfloat16":
+        return "rollout.engine_dtype=bfloat16"
+    if raw != "auto":
+        return None
+    model = data.get("model")
+    model = model if isinstance(model, dict) else (model.model_dump() if model is not None else {})
+    if model.get("dtype", "float32") != "float32":
+        return None  # auto samples in the policy's own dtype: no gap between engine and trainer precision
+    device = str(model.get("device", "auto"))
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return "rollout.engine_dtype=auto on CUDA"
+    if hardware.native_bf16(hardware.cpu_info()):
+        return "rollout.engine_dtype=auto on a CPU with native bf16"
+    return None
+
+
+class MismatchGuard:
+    """Watches each step's ``mismatch/kl_k3`` against the bound: warns once past it and, when the
+    dtype was chosen by ``auto``, makes the engines sample in fp32 from then on."""
+
+    def __init__(self, choice: str, dtype: torch.dtype, bound: float):
+        self.choice, self.dtype, self.bound = choice, dtype, bound
+        self.fell_back = False
+        self.warned = False
+
+    def check(self, metrics: dict, engines) -> dict[str, float]:
+        """Metrics to log for this step; re-casts ``engines`` (those with ``set_dtype``) on a fallback."""
+        kl = metrics.get("mismatch/kl_k3")
+        out = {"mismatch/bound_exceeded": 0.0}
+        if kl is not None and kl > self.bound and self.dtype != torch.float32:
+            out["mismatch/bound_exceeded"] = 1.0
+            if not self.warned:
+                action = "falling back to fp32 sampling (rollout.engine_dtype=auto)" if self.choice == "auto" else \
+                    "set rollout.engine_dtype=float32 (or auto) to sample in fp32"
+                log.warning("the engine's %s sampling is %.4f nats/token (k3 KL, behaviour vs trainer) from the "
+                            "trainer's policy, past rollout.mismatch_kl_bound=%g: %s", _name(self.dtype), kl,
+                            self.bound, action)
+                self.warned = True
+            if self.choice == "auto":
+                self.fall_back(engines)
+        out["mismatch/fallback"] = float(self.fell_back)
+        return out
+
+    def fall_back(self, engines) -> None:
+        self.dtype, self.fell_back = torch.float32, True
+        for engine in engines:
+            if engine is not None and hasattr(engine, "set_dtype"):
+                engine.set_dtype(torch.float32)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def summary(guard: MismatchGuard) -> dict:
+    """What ``summary.json`` records of the machine and the sampling precision."""
+    return {"cpu": hardware.cpu_record(), "engine_dtype": _name(guard.dtype), "engine_fallback": guard.fell_back}

@@ -88,8 +88,12 @@ def test_cli_train_writes_run_directory(tmp_path):
     result = CliRunner().invoke(app, args + ["--resume"])
     assert result.exit_code == 0, result.output
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
-    # a fresh run into the same directory starts over: no stale checkpoint survives to be resumed
+    # a fresh run into the same directory is refused (the run is kept); --overwrite starts over, and no stale
+    # checkpoint survives to be resumed
     result = CliRunner().invoke(app, args + ["--set", "train.steps=1"])
+    assert result.exit_code != 0 and "--overwrite" in result.output
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    result = CliRunner().invoke(app, args + ["--set", "train.steps=1", "--overwrite"])
     assert result.exit_code == 0, result.output
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000001"]
 

@@ -64,3 +64,13 @@ def test_benchmark_is_measured_once_per_machine_and_shapes(tmp_path):
 def test_the_real_measurement_runs(tmp_path):
     ratio = bf16_speedup(Shapes(32, 64, 128, rows=4), cpu_info(SAMPLES / "avx2_epyc.txt"), tmp_path)
     assert ratio > 0  # a ratio, whatever this CPU makes of bf16 (never asserted faster or slower)
+
+
+def test_every_benchmark_json_records_the_cpu(tmp_path):
+    from rollwise.bench.harness import write_json
+
+    write_json(tmp_path / "bench.json", {"ratio": 2.0})
+    out = json.loads((tmp_path / "bench.json").read_text())
+    assert out["ratio"] == 2.0 and out["cpu"]["model"] == "AMD EPYC"  # conftest's pinned sample
+    write_json(tmp_path / "own.json", {"cpu": "recorded by the bench itself"})
+    assert json.loads((tmp_path / "own.json").read_text())["cpu"] == "recorded by the bench itself"

@@ -298,8 +298,13 @@ def tokens_ratios(mine: Mapping[int, dict], base: Mapping[int, dict]) -> list[fl
 
 # -- output ------------------------------------------------------------------------------------
 def write_json(path: Path | None, results: dict) -> None:
-    """Write ``results`` to ``--json`` (nothing without one); a long bench calls it after every run."""
+    """Write ``results`` to ``--json`` (nothing without one); a long bench calls it after every run.
+    Every benchmark JSON records the machine it ran on (``cpu``: ``rollwise.hardware.cpu_record``)."""
     if path is not None:
+        if isinstance(results, dict) and "cpu" not in results:
+            from rollwise.hardware import cpu_record
+
+            results = {"cpu": cpu_record(), **results}
         Path(path).write_text(json.dumps(results, indent=2))
 
 

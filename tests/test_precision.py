@@ -243,3 +243,20 @@ def test_the_guard_on_its_own():
     assert guard.check({"mismatch/kl_k3": 0.02}, [engine, None])["mismatch/fallback"] == 1.0
     assert engine.dtype == torch.float32
     assert guard.check({"mismatch/kl_k3": 0.02}, [engine])["mismatch/bound_exceeded"] == 0.0  # fp32 now: no bound
+
+
+def test_the_async_producer_samples_from_its_own_copy_and_takes_the_fallback(tmp_path):
+    """train.mode=async: the producer's engine casts the producer's own fp32 copy of the policy;
+    a fallback reaches it at its next batch (never under a running generation)."""
+    with trainer_for(tmp_path, "name=async", "train.mode=async", "rollout.engine_dtype=bfloat16",
+                     "train.steps=3") as t:
+        t.prepare()
+        t.step()
+        producer = t.pipeline
+        assert producer.engine.dtype == torch.bfloat16 and producer.model.dtype == torch.float32
+        assert producer.model is not t.model
+        producer.set_dtype(torch.float32)
+        t.step()  # the batch in flight when set_dtype was called may still be bf16's
+        t.step()  # this one was begun after it
+        assert producer.engine.dtype == torch.float32
+        t.stop_pipeline()

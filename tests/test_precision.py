@@ -260,3 +260,20 @@ def test_the_async_producer_samples_from_its_own_copy_and_takes_the_fallback(tmp
         t.step()  # this one was begun after it
         assert producer.engine.dtype == torch.float32
         t.stop_pipeline()
+
+
+def test_a_rollout_worker_samples_in_the_drivers_precision(tmp_path):
+    """dist/: the driver's choice travels with each shard; the worker casts its own model's weights."""
+    from rollwise.dist.worker import RolloutWorker
+    from rollwise.train.config import load_run_config
+    from rollwise.types import Prompt
+
+    cfg = load_run_config(None, [f"output_dir={tmp_path}", "task.max_digits=1", "rollout.max_new_tokens=4",
+                                 "rollout.num_generations=2"])
+    worker = RolloutWorker(cfg.model_dump(mode="json"), type(cfg), score=False)
+    assert worker.engine.dtype == torch.float32
+    prompt = Prompt(id="p", text="1+1=", token_ids=worker.tokenizer("1+1=")["input_ids"], answer="2")
+    result = worker.run([prompt], [2], seed=0, sync=-1, version=0, weights=[None], dtype=torch.bfloat16)
+    assert worker.engine.dtype == torch.bfloat16 and worker.model.dtype == torch.float32
+    assert len(result.groups[0].rollouts) == 2
+    worker.close()

@@ -27,7 +27,7 @@ GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
     ("kl", "KL", ("kl",)),
     ("clip", "Clip ratios", ("clip_ratio/", "clip")),
     ("zero-signal", "Zero-signal share and groups", ("groups/",)),
-    ("tis", "TIS weights and log-prob gap", ("tis/", "logprob_gap/")),
+    ("tis", "Behaviour/trainer mismatch, TIS weights and log-prob gap", ("mismatch/", "tis/", "logprob_gap/")),
     ("strategy", "Strategy, controller, replay and staleness",
      ("tree/", "latr/", "april/", "control/", "arrol/", "replay/", "staleness/", "async/")),
     ("dist", "Rollout workers on Ray (workers, lost, re-issued prompts)", ("dist/",)),

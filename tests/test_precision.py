@@ -214,6 +214,10 @@ def test_the_guard_falls_back_to_fp32_under_auto(tmp_path, native_bf16_cpu, capl
         assert summary["engine_dtype"] == "float32" and summary["engine_fallback"] is True
         warned = [r for r in caplog.records if "mismatch_kl_bound" in r.getMessage()]
         assert len(warned) == 1 and "falling back to fp32" in warned[0].getMessage()
+    with trainer_for(tmp_path, "name=auto", "train.steps=3") as t:  # resumed: the fallback holds
+        assert t.engine.dtype == torch.bfloat16
+        t.prepare(resume=True)
+        assert t.state.engine_fallback and t.engine.dtype == torch.float32 and t.summary()["engine_fallback"]
 
 
 def test_the_guard_only_warns_when_bf16_was_asked_for(tmp_path, caplog):

@@ -225,6 +225,7 @@ class Trainer:
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the LR this step trained with
         self.scheduler.step()  # once per training step, however many passes the update made
         metrics |= self.guard.check(metrics, (self.engine, self.pipeline, self.pool))  # past the bound: auto → fp32
+        self.state.engine_fallback = self.guard.fell_back
         self.engine.load_weights(self.model)  # in-process: parameters are shared, only the version moves
         if self.pool is not None and self.pipeline is None:  # sync with workers: they load at next use
             self.pool.load_weights(self.model)
@@ -288,6 +289,8 @@ class Trainer:
             config = self.cfg.model_dump(mode="json")
             self.config_changes = resume_rules.check_changes(self.run_dir, config)
             restore_run(self, ckpt)
+            if self.state.engine_fallback:  # the guard had moved the engine to fp32 before the checkpoint
+                self.guard.fall_back((self.engine, self.pool))
             resume_rules.record_changes(self.run_dir, self.state.step, self.config_changes, config)
             self.resumed_from = ckpt
         else:

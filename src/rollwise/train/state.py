@@ -21,6 +21,7 @@ class TrainState:
     # per reward function that scored: rollouts, errors, non-finite values, first failure reason (train/outcome.py)
     reward_failures: dict = field(default_factory=dict)
     zero_signal_steps: int = 0  # steps in which no group had a reward spread (nothing trained)
+    engine_fallback: bool = False  # the mismatch guard moved the engine to fp32 (train/precision.py): kept on resume
 
 
 @dataclass(frozen=True)

@@ -281,3 +281,11 @@ def test_a_rollout_worker_samples_in_the_drivers_precision(tmp_path):
     assert worker.engine.dtype == torch.bfloat16 and worker.model.dtype == torch.float32
     assert len(result.groups[0].rollouts) == 2
     worker.close()
+
+
+def test_hidden_states_leave_a_bf16_engine_in_float32(model):
+    """A quality probe (control.method=arrol) reads the engine's hidden states with fp32 weights."""
+    engine = engines(model, torch.bfloat16)[0]
+    params = SamplingParams(max_new_tokens=3, keep_hidden=True, seed=0)
+    (done,) = engine.generate([Request(PROMPTS[0], params)])
+    assert done.hidden.dtype == torch.float32 and done.hidden.shape == (model.config.hidden_size,)

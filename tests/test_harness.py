@@ -23,6 +23,7 @@ pytest.importorskip("openai")
 
 
 # the harnesses (tests/harness_agents.py) know only the openai client; they run in the harness worker process
+from bounded import bounded  # noqa: E402
 from harness_agents import (HANG_PROMPT, crc, exits, hangs, main_side_main, n_choices, raises,  # noqa: E402
                             rewrites_forever, rewrites_history, sleeps, spins, two_calls, two_calls_crc)
 
@@ -38,25 +39,6 @@ def sampler(engine_and_tok, harness, timeout=60.0, max_new_tokens=40, stop_ids=(
     _, tok = engine_and_tok
     params = SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_ids))
     return HarnessSampler(params, tok, FORMATS["plain"], harness, timeout)
-
-
-def bounded(fn, *args, limit=90.0):
-    """``fn(*args)`` on a thread; a call still running after ``limit`` seconds fails the test (never hangs it)."""
-    out: dict = {}
-
-    def run():
-        try:
-            out["value"] = fn(*args)
-        except BaseException as err:  # handed to the test
-            out["error"] = err
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(limit)
-    assert not thread.is_alive(), f"{getattr(fn, '__name__', fn)} still running after {limit:g} s"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
 
 
 class Stalled:

@@ -87,7 +87,7 @@ def test_cap_min_drops_sequences_below_it():
 
 def test_none_mode_is_all_ones_and_no_stats():
     w, stats = weights([[5.0, -5.0]], mode="none", cap=2.0)
-    assert w.tolist() == [[1.0, 1.0]] and stats == {}
+    assert w.tolist() == [[1.0, 1.0]] and stats == {"mismatch/truncated_frac": 0.0}  # nothing cut
 
 
 def test_unknown_mode_is_an_error():
@@ -162,22 +162,24 @@ MASK = [[1, 1, 1], [1, 1, 0], [0, 0, 0]]  # 5 real tokens, 2 sequences with toke
 
 
 @pytest.mark.parametrize(
-    "mode, key, hit, weight_mean, row0, row1",
+    "mode, key, hit, weight_mean, cut, row0, row1",
     [
-        # truncated at C=2: row0 [2,1,1]; 1 of 5 tokens hit; mean (2+1+1+1+1)/5 = 1.2
-        ("token_truncate", "tis/truncated_tokens", 1 / 5, 6 / 5, [2, 1, 1], [1, 1, 1]),
+        # truncated at C=2: row0 [2,1,1]; 1 of 5 tokens hit (the share cut: 1/5); mean (2+1+1+1+1)/5 = 1.2
+        ("token_truncate", "tis/truncated_tokens", 1 / 5, 6 / 5, 1 / 5, [2, 1, 1], [1, 1, 1]),
         # masked at C=2: row0 [0,1,1]; mean (0+1+1+1+1)/5 = .8
-        ("token_mask", "tis/masked_tokens", 1 / 5, 4 / 5, [0, 1, 1], [1, 1, 1]),
-        # Π w: row0 e > 2 -> 2 on its 3 tokens; row1 1; mean (2·3 + 1·2)/5 = 1.6; 1 of 2 sequences hit
-        ("sequence_truncate", "tis/truncated_sequences", 1 / 2, 8 / 5, [2, 2, 2], [1, 1, 1]),
+        ("token_mask", "tis/masked_tokens", 1 / 5, 4 / 5, 1 / 5, [0, 1, 1], [1, 1, 1]),
+        # Π w: row0 e > 2 -> 2 on its 3 tokens; row1 1; mean (2·3 + 1·2)/5 = 1.6; 1 of 2 sequences hit, whose
+        # 3 tokens are 3/5 of the tokens cut
+        ("sequence_truncate", "tis/truncated_sequences", 1 / 2, 8 / 5, 3 / 5, [2, 2, 2], [1, 1, 1]),
         # row0 dropped, row1 kept: mean (0·3 + 1·2)/5 = .4
-        ("sequence_mask", "tis/masked_sequences", 1 / 2, 2 / 5, [0, 0, 0], [1, 1, 1]),
+        ("sequence_mask", "tis/masked_sequences", 1 / 2, 2 / 5, 3 / 5, [0, 0, 0], [1, 1, 1]),
     ],
 )
-def test_stats_on_a_small_batch(mode, key, hit, weight_mean, row0, row1):
+def test_stats_on_a_small_batch(mode, key, hit, weight_mean, cut, row0, row1):
     w, stats = weights(GAPS, mask=MASK, mode=mode, cap=2.0)
-    assert set(stats) == {key, "tis/weight_mean"}
+    assert set(stats) == {key, "tis/weight_mean", "mismatch/truncated_frac"}
     assert float(stats[key]) == pytest.approx(hit)
+    assert float(stats["mismatch/truncated_frac"]) == pytest.approx(cut)
     assert float(stats["tis/weight_mean"]) == pytest.approx(weight_mean)
     assert w[0].tolist() == row0 and w[1].tolist() == row1
     assert w[2].tolist() == [1.0, 1.0, 1.0]  # all padding

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from bounded import bounded
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,25 +26,6 @@ from hung_tools import call_that_holds_the_gil, stubborn_envs
 
 HERMES, PLAIN = FORMATS["hermes"], FORMATS["plain"]
 HERE = __name__  # environments below are loaded by rollout.environment as "<this module>:Class"
-
-
-def bounded(fn, seconds: float = 60.0):
-    """``fn()`` in a thread; fails the test (instead of hanging it) when it runs past ``seconds``."""
-    box: dict = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as err:  # noqa: BLE001 — re-raised in the test's thread
-            box["error"] = err
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    assert not worker.is_alive(), f"still running after {seconds:g} s: the call was not stopped"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 # -- 1. parsing never raises ---------------------------------------------------------------------
@@ -159,7 +141,7 @@ def test_the_worker_exits_when_its_trainer_is_killed():
             "envs = t.stubborn_envs(); env = envs(); env.reset({}); print(envs.worker._proc.pid, flush=True); "
             "os.kill(os.getpid(), 9)")
     trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    pid = int(bounded(trainer.stdout.readline, 120))
+    pid = int(bounded(trainer.stdout.readline, limit=120))
     trainer.wait(60)
     trainer.stdout.close()
 

@@ -115,6 +115,7 @@ def test_resume_leaves_the_files_of_the_uninterrupted_run(tmp_path, warm, extra)
     assert logged == list(range(1, 8))
 
 
+@pytest.mark.slow  # ~40 s; in-process async resume stays in the default suite, a SIGKILLed sync run in test_resume.py
 def test_sigkilled_async_run_resumes_like_the_uninterrupted_run(tmp_path, warm):
     """SIGKILL a real `rollwise train --set train.mode=async` process while its producer runs ahead,
     then --resume it: the same files as the run never killed."""

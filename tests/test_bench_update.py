@@ -26,6 +26,7 @@ def test_update_bench_runs_both_arms_on_the_same_data():
     assert "update time ratio" in out.getvalue()
 
 
+@pytest.mark.slow  # 20-25 s each; the default suite keeps test_update_bench_runs_both_arms_on_the_same_data
 def test_update_bench_forward_arm_trains_the_same_with_both_forwards():
     res = run_update_bench([*TINY[1:], "arms=[forward]"], Console(file=io.StringIO(), width=200))["forward"]
     packed, hf = res["packed"], res["hf"]
@@ -55,6 +56,7 @@ def test_update_bench_throughput_counts_only_real_tokens():
         assert row[forward]["seconds"] <= row[forward]["median_seconds"]  # the fastest run, not the first
 
 
+@pytest.mark.slow  # 20-25 s each; the default suite keeps test_update_bench_runs_both_arms_on_the_same_data
 def test_update_bench_memory_arm_runs_both_settings_in_fresh_processes():
     res = run_update_bench(["arms=[memory]", "vocab=3000", "hidden=16", "rows=2", "width=12", "budget_mb=0.05"],
                            Console(file=io.StringIO(), width=200))
@@ -82,6 +84,7 @@ def test_update_bench_shared_arm_computes_each_prompt_once():
     assert row["on"]["seconds"] > 0 and row["time_ratio"] == row["on"]["seconds"] / row["off"]["seconds"]
 
 
+@pytest.mark.slow  # 20-25 s each; the default suite keeps test_update_bench_runs_both_arms_on_the_same_data
 def test_update_bench_real_arm_full_vs_lora_in_fresh_processes(tmp_path):
     """arms=[real] on a tiny local Qwen2 chat model standing in for SmolLM2 (model_path)."""
     pytest.importorskip("peft", reason="the lora extra is not installed")

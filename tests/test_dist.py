@@ -249,6 +249,7 @@ def test_async_with_workers_equals_async_in_process(tmp_path, warm, cluster):
     assert update > 0 and gap <= 1e-3 * update, f"weights differ by {float(gap / update):.2e} of the update"
 
 
+@pytest.mark.slow  # ~33 s; the SIGKILLed driver with workers is slow too
 def test_resume_with_workers_leaves_the_files_of_the_uninterrupted_run(tmp_path, warm, cluster):
     common = ["train.steps=4", "train.checkpoint_every=2", "train.eval_every=2", "rollout.workers=2",
               "rollout.strategy=tree", "rollout.tree.branch_rule=entropy"]

@@ -242,9 +242,17 @@ def test_a_rewritten_history_trains_as_two_segments_of_one_episode(engine_and_to
     assert r.segments[0].advantage == [r.advantage[0]] * len(r.segments[0].completion_ids)
 
 
-def test_a_harness_that_crashes_scores_zero_with_the_reason(engine_and_tok):
+def assert_failed_scores_zero(group, says: str) -> None:
+    """Scored by a reward that gives every completion 1, each failed episode of ``group`` scores 0 and says why."""
     from rollwise.filter.rewards import RewardFn, score_groups
 
+    always = RewardFn("always", lambda prompts, completions, **_: [1.0] * len(completions))
+    score_groups([group], [always])
+    for r in group.rollouts:
+        assert says in r.failure and r.reward == 0.0 and says in r.reward_reasons["failure"]
+
+
+def test_a_harness_that_crashes_scores_zero_with_the_reason(engine_and_tok):
     engine, _ = engine_and_tok
     gen = sampler(engine_and_tok, raises)
     try:
@@ -253,18 +261,12 @@ def test_a_harness_that_crashes_scores_zero_with_the_reason(engine_and_tok):
         assert gen.server(engine).service.episodes == {}
     finally:
         gen.close()
-    always = RewardFn("always", lambda prompts, completions, **_: [1.0] * len(completions))
-    score_groups(groups, [always])
-    for r in groups[0].rollouts:
-        says = "raised RuntimeError: harness bug"
-        assert says in r.failure and r.reward == 0.0 and says in r.reward_reasons["failure"]
+    assert_failed_scores_zero(groups[0], "raised RuntimeError: harness bug")
 
 
 def test_a_harness_past_its_timeout_has_its_calls_aborted_in_the_engine(engine_and_tok):
     """Each episode's call is in flight when its timeout strikes (the stalled engine never finishes one): the
     episode scores 0 with the reason, its call is aborted in the engine, and the engine then serves on."""
-    from rollwise.filter.rewards import RewardFn, score_groups
-
     engine, _ = engine_and_tok
     gen = sampler(engine_and_tok, hangs, timeout=4.0)
     aborted = engine.stats.aborted
@@ -279,11 +281,7 @@ def test_a_harness_past_its_timeout_has_its_calls_aborted_in_the_engine(engine_a
         assert ok.generate(engine, PROMPTS[:1], [1], seed=0)[1]["harness/failed"] == 0
     finally:
         ok.close()
-    always = RewardFn("always", lambda prompts, completions, **_: [1.0] * len(completions))
-    score_groups(groups, [always])
-    for r in groups[0].rollouts:
-        says = "ran past rollout.harness_timeout (4 s)"
-        assert says in r.failure and r.reward == 0.0 and says in r.reward_reasons["failure"]
+    assert_failed_scores_zero(groups[0], "ran past rollout.harness_timeout (4 s)")
 
 
 @pytest.mark.parametrize("harness", [sleeps, spins], ids=["time.sleep", "cpu-loop"])

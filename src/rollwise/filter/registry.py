@@ -31,7 +31,10 @@ def builtin_rewards(sandbox=None) -> dict[str, Callable]:
 
     bound = {name: functools.update_wrapper(functools.partial(getattr(code, name), sandbox=sandbox),
                                             getattr(code, name)) for name in CODE_REWARDS}
-    return {"arith": arith_reward, "countdown": countdown_reward, "math_answer": math_answer, **bound}
+    from rollwise.filter.judge import Judge
+
+    return {"arith": arith_reward, "countdown": countdown_reward, "math_answer": math_answer, **bound,
+            "judge": Judge}  # built from its rewards[].judge section (resolve_rewards)
 
 
 def reward_function(spec: str, key: str, known: dict[str, Callable]) -> tuple[str, Callable]:
@@ -43,6 +46,15 @@ def reward_function(spec: str, key: str, known: dict[str, Callable]) -> tuple[st
         return spec, known[spec]
     raise ConfigError(f"{key} '{spec}' is not a known reward ({', '.join(sorted(known))}) "
                       "nor an importable 'package.module:function'")
+
+
+def configured(rc, i: int, known: dict[str, Callable]) -> tuple[str, Callable]:
+    """(name, function) of ``rewards[i]``: a judge built from its section, else ``reward_function``."""
+    if rc.name == "judge":
+        from rollwise.filter.judge import Judge
+
+        return rc.name, Judge(rc.judge, name=rc.name)
+    return reward_function(rc.name, f"rewards[{i}].name", known)
 
 
 def resolve_rewards(configs, task, sandbox=None, warn: bool = True) -> tuple[list[RewardFn], RewardFn]:
@@ -60,8 +72,7 @@ def resolve_rewards(configs, task, sandbox=None, warn: bool = True) -> tuple[lis
         fns = [RewardFn(name, fn) for name, fn in task.rewards.items()]
     else:
         known = {**builtin_rewards(sandbox), **task.rewards}
-        fns = [RewardFn(*reward_function(rc.name, f"rewards[{i}].name", known), rc.weight)
-               for i, rc in enumerate(configs)]
+        fns = [RewardFn(*configured(rc, i, known), rc.weight) for i, rc in enumerate(configs)]
         if not fns:
             raise ConfigError("rewards is an empty list; remove it to use the task's own rewards")
     if task.judge_from_rewards and configs:

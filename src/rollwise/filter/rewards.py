@@ -18,7 +18,10 @@ on the rollout, and the first function's extracted answer becomes ``Rollout.extr
 training: every rollout of that call scores 0 for that component, the reason says why
 (``<name> raised <Error>: ...``), ``reward/<name>/errors`` counts it, and the first failure of
 each function is logged once. ``reward_failures`` totals both kinds per function from the
-recorded reasons (the run's ``summary.json`` and closing lines report them).
+recorded reasons (the run's ``summary.json`` and closing lines report them). A value whose reason
+starts ``<name> could not score:`` (a ``judge`` reply with no score, a failed judge request) is
+counted as an error the same way. A function with a ``step_metrics()`` method (the judge) adds
+what it returns to the step's metrics after each call (``judge/tokens``...).
 
 A value that is not a finite number (NaN, ±inf, or not a number at all) from a reward
 function, an environment's ``get_reward()``, an OpenEnv server or a harness's return scores 0
@@ -44,6 +47,7 @@ log = logging.getLogger(__name__)
 ENV_REWARD = "environment"  # the component an environment's get_reward() fills (multi-turn episodes)
 RAISED = " raised "  # a component's reason "<name> raised <Error>: ..." : its function failed (raised, wrong length)
 NON_FINITE = "non-finite"  # a component's reason "non-finite (<value>)": the value was not a finite number
+UNSCORED = " could not score: "  # a component's reason "<name> could not score: ...": a judge gave no score (a failure)
 
 
 @dataclass
@@ -179,6 +183,7 @@ def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict
             if v is None:
                 continue
             bad += finite(v) is None
+            errors += str(getattr(v, "reason", "")).startswith(rf.name + UNSCORED)
             totals[i] += rf.weight * _component(r, rf.name, v)
             if answers[i] is None and isinstance(getattr(v, "answer", None), str):
                 answers[i] = v.answer
@@ -188,6 +193,8 @@ def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict
                         "is counted in reward/%s/non_finite and summary.json's reward_failures)", rf.name, bad, rf.name)
         metrics[f"reward/{rf.name}/errors"] = float(errors)
         metrics[f"reward/{rf.name}/non_finite"] = float(bad)
+        if callable(getattr(rf.fn, "step_metrics", None)):  # the judge: its tokens and requests (the run's cost)
+            metrics |= rf.fn.step_metrics()
     bad = 0
     for i, (_, r) in enumerate(rollouts):  # an environment that scores its episodes: one more component, weight 1
         if r.env_reward is not None:  # get_reward(), an OpenEnv server's reward, a harness's return
@@ -232,7 +239,7 @@ def reward_failures(groups: list[RolloutGroup]) -> dict[str, dict]:
                 rec = out.setdefault(name, {"rollouts": 0, "errors": 0, "non_finite": 0, "first_reason": None})
                 rec["rollouts"] += 1
                 reason = r.reward_reasons.get(name, "")
-                kind = ("errors" if reason.startswith(name + RAISED) else
+                kind = ("errors" if reason.startswith((name + RAISED, name + UNSCORED)) else
                         "non_finite" if reason.startswith(NON_FINITE) else None)
                 if kind is not None:
                     rec[kind] += 1

@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from rollwise.config import ConfigError, StrictModel, apply_overrides, load_yaml, validate
 from rollwise.control import ControlConfig
 from rollwise.replay import ReplayConfig, remix_objective, replay_serves_stored_groups
+from rollwise.filter.judge import JudgeConfig
 from rollwise.filter.sandbox.config import SandboxConfig
 from rollwise.generate import STRATEGIES
 from rollwise.generate.april import AprilConfig
@@ -173,6 +174,15 @@ class TrainConfig(StrictModel):
 class RewardConfig(StrictModel):
     name: str = Field(description="a reward known to `rollwise list rewards`, or 'package.module:function'")
     weight: float = Field(1.0, description="weight in the total reward")
+    judge: JudgeConfig | None = Field(None, description="name: judge — the judge model and its rubric "
+                                      "(rollwise.filter.judge; docs/tasks.md)")
+
+    @model_validator(mode="after")
+    def _judge_section(self):
+        if (self.name == "judge") != (self.judge is not None):
+            raise ValueError("a judge reward needs its section and only a judge reward has one: "
+                             "{name: judge, judge: {rubric: ..., model: {path: ...}}} (or judge.base_url)")
+        return self
 
 
 class RunConfig(StrictModel):

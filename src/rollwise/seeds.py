@@ -10,7 +10,7 @@ what the synchronous, uninterrupted run draws:
 - a training step's rollouts: ``step_seed(sampling seed, step)``;
 - a round of that step (``control/rounds.py``: extend and refill rounds sample again):
   ``round_seed(step seed, salt)``, the salt naming the round — ``FIRST_ROUND``,
-  ``refill_round(n)``, ``extend_round(n)``;
+  ``refill_round(n)``, ``extend_round(n)``, ``GUIDED_ROUND`` (guided exploration's hinted rollouts);
 - one request of a round (``generate/``): ``derive(round seed, prompt index, sample index)``;
 - a controller's or a replay method's draws: ``rng(run seed, step, salt)``.
 
@@ -27,6 +27,7 @@ MASK = 2**62 - 1  # derived seeds are non-negative and fit an int64 (torch.Gener
 
 FIRST_ROUND = 0  # the salt of a step's first round: its seed is the step seed itself
 EXTEND_BASE = 100  # extend rounds' salts start above every refill round's (refills stop at ROUND_CAP < 100)
+GUIDED_ROUND = 99  # the salt of a step's guided round (generate/guide.py: hinted rollouts for groups that failed)
 REPLAY_SAMPLE = 1  # rng(run seed, step, REPLAY_SAMPLE): the groups a replay buffer serves (replay/rollout_replay)
 
 

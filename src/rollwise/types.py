@@ -128,6 +128,13 @@ class Rollout:
     # this one's ids); each trains as its own row with this rollout's advantage (optim.build_batch)
     segments: list[Rollout] | None = None
     failure: str | None = None  # why the rollout could not be scored (a harness that raised or hung): reward 0
+    # guided exploration (generate/guide.py, nudge.py): the context the rollout was sampled under — a hint, a
+    # strategy — prepended to the prompt; ``prompt_ids`` are the bare prompt's all the same (it trains on x, its
+    # behaviour log-probs are those under x⊕context: the IS weight corrects the gap). None = sampled from x itself
+    context: str | None = None
+    # scope (generate/scope.py): completion tokens from here on were written by the corrector, not sampled
+    # (off-policy); the ones before are the rollout's own. None = every token sampled
+    corrected_from: int | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

@@ -18,8 +18,23 @@ STRATEGIES = {
     "tree": "TreePO segment trees: fork at segment ends, leaves share prefixes (rollout.tree.*)",
     "latr": "LATR: branch at uncertain tokens, lookahead, prune similar branches (rollout.latr.*)",
     "april": "APRIL: over-provision groups, carry unfinished rollouts to the next step (rollout.april.*)",
+    "guide": "Guide: groups that all failed get G/2 hinted rollouts, trained on the bare prompt with the IS "
+             "weight (rollout.guide.*)",
 }
+# strategies whose rollouts are sampled under a context the trained prompt lacks (or written by a corrector):
+# their behaviour log-probs are another distribution's, so the update needs a per-token IS weight (tis_mode)
+GUIDED = ("guide",)
 # rollout.environment (multi-turn episodes) replaces the strategy: generate/episode.py, built by train/build.py
+
+
+def check_guidance(rollout, objective) -> None:
+    """A guided strategy's rollouts need a per-token or sequence IS *weight* (``objective.tis_mode``): a 0/1 mask
+    or none would train them as if sampled from the bare prompt."""
+    if rollout.strategy in GUIDED and objective.tis_mode not in ("token_truncate", "token_mask", "sequence_truncate"):
+        raise ConfigError(f"rollout.strategy={rollout.strategy} trains rollouts sampled under a context the prompt "
+                          f"lacks, but objective.tis_mode={objective.tis_mode} does not weight them by "
+                          "π(y|x)/π(y|x⊕h); drop objective.tis_mode (it then defaults to token_truncate, cap 2) "
+                          "or set it to token_truncate, token_mask or sequence_truncate")
 
 
 def sampling_params(rollout, tokenizer) -> SamplingParams:
@@ -38,11 +53,12 @@ def build_generator(rollout, params, decode, pruner=None, gate=None, gate_every:
     tokens of a rollout, stops rollouts during ``group`` sampling."""
     from rollwise.generate.april import AprilSampler
     from rollwise.generate.group import GroupSampler
+    from rollwise.generate.guide import GuideSampler
     from rollwise.generate.latr import LatrSampler
     from rollwise.generate.pruned import PrunedSampler
     from rollwise.generate.tree import TreeSampler
 
-    if gate is not None and (pruner is not None or rollout.strategy != "group"):
+    if gate is not None and (pruner is not None or rollout.strategy not in ("group", "guide")):
         raise ConfigError(f"a controller that stops rollouts during generation (should_continue) works with "
                           f"rollout.strategy=group, not {rollout.strategy}"
                           + (" or a pruning controller" if pruner else "") + "; set rollout.strategy=group")
@@ -57,5 +73,8 @@ def build_generator(rollout, params, decode, pruner=None, gate=None, gate_every:
         return LatrSampler(params, decode, rollout.latr)
     if rollout.strategy == "april":
         return AprilSampler(params, decode, rollout.april, target=rollout.prompts_per_step)
+    if rollout.strategy == "guide":
+        return GuideSampler(params, decode, gate=gate, gate_every=gate_every, guide=rollout.guide,
+                            group_size=rollout.num_generations)
     return GroupSampler(params, decode, gate=gate, gate_every=gate_every)
 

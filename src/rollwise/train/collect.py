@@ -16,9 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from rollwise import seeds
 from rollwise.filter.overlong import add_overlong_penalty
 from rollwise.filter.rewards import score_groups
+from rollwise.model.load import encode_prompt
+from rollwise.model.logprobs import token_logprobs_and_entropy
 from rollwise.train.metrics import Clock
 from rollwise.types import Prompt, RolloutGroup
 
@@ -47,9 +51,10 @@ class RoundSampler:
         self.seed = trainer.step_seed(step)
         self.tokens = 0
 
-    def sample(self, prompts: list[Prompt], budgets: list[int], salt: int = seeds.FIRST_ROUND
+    def sample(self, prompts: list[Prompt], budgets: list[int], salt: int = seeds.FIRST_ROUND, observe: bool = True
                ) -> tuple[list[RolloutGroup], dict[str, float], int]:
-        """One round: (groups, metrics, tokens the engine sampled)."""
+        """One round: (groups, metrics, tokens the engine sampled). ``observe=False``: not recorded in
+        ``PromptStats`` (guided rollouts, sampled under a hint)."""
         t, engine = self.trainer, self.engine
         kept = [(p, b) for p, b in zip(prompts, budgets) if b > 0]
         prompts, budgets = [p for p, _ in kept], [b for _, b in kept]
@@ -64,13 +69,43 @@ class RoundSampler:
         self.tokens += sampled
         self.clock.lap("generate")
         if not (remote and engine.scores):
-            metrics |= score_groups(groups, t.reward_fns)
-        if t.cfg.objective.overlong_shaping:
+            metrics |= self.score(groups)
+        elif t.cfg.objective.overlong_shaping:
             metrics |= add_overlong_penalty(groups, t.cfg.rollout.max_new_tokens)
-        for g in groups:
+        for g in groups if observe else ():
             t.stats.observe(g, self.step)
         self.clock.lap("score")
         return groups, metrics, sampled
+
+    # -- what guided exploration asks (generate/base.py ``Rounds``) -------------------------
+    def score(self, groups: list[RolloutGroup]) -> dict[str, float]:
+        """The Filter stage on ``groups``: the reward functions, then the shaping terms."""
+        t = self.trainer
+        metrics = score_groups(groups, t.reward_fns)
+        if t.cfg.objective.overlong_shaping:
+            metrics |= add_overlong_penalty(groups, t.cfg.rollout.max_new_tokens)
+        return metrics
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        return encode_prompt(self.trainer.tokenizer, prompt)
+
+    def demonstrate(self, prompt: Prompt) -> str | None:
+        """The task's demonstration as one text (a multi-turn one: what the model writes, joined)."""
+        demo = self.trainer.task.demonstrate(prompt) if self.trainer.task.demonstrate else None
+        if isinstance(demo, list):
+            demo = "".join(text for text, model_wrote in demo if model_wrote)
+        return demo
+
+    def logprobs(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        """Teacher-forced log-probs of ``completion_ids`` under the sampling policy and settings."""
+        t, r = self.trainer, self.trainer.cfg.rollout
+        policy = t.sampling_policy()
+        device = next(policy.parameters()).device
+        ids = torch.tensor([prompt_ids + completion_ids], device=device)
+        with torch.no_grad():
+            lp, _ = token_logprobs_and_entropy(policy, ids, torch.ones_like(ids), temperature=r.temperature,
+                                               with_entropy=False, top_k=r.top_k, top_p=r.top_p)
+        return lp[0, len(prompt_ids) - 1:].float().tolist()
 
     def __call__(self, prompts: list[Prompt], budgets: list[int], salt: int) -> tuple[list[RolloutGroup], int]:
         """An extra round (``control/rounds.py``'s ``run_round``): (groups, tokens sampled)."""

@@ -19,8 +19,9 @@ from rollwise.control import ControlConfig
 from rollwise.replay import ReplayConfig, remix_objective, replay_serves_stored_groups
 from rollwise.filter.judge import JudgeConfig
 from rollwise.filter.sandbox.config import SandboxConfig
-from rollwise.generate import STRATEGIES
+from rollwise.generate import GUIDED, STRATEGIES
 from rollwise.generate.april import AprilConfig
+from rollwise.generate.guide import GuideConfig
 from rollwise.generate.latr import LatrConfig
 from rollwise.generate.tree import TreeConfig
 from rollwise.model.load import ModelConfig
@@ -72,6 +73,7 @@ class RolloutConfig(StrictModel):
     tree: TreeConfig = Field(default_factory=TreeConfig, description="strategy=tree (TreePO) options")
     latr: LatrConfig = Field(default_factory=LatrConfig, description="strategy=latr (LATR) options")
     april: AprilConfig = Field(default_factory=AprilConfig, description="strategy=april (APRIL) options")
+    guide: GuideConfig = Field(default_factory=GuideConfig, description="strategy=guide (Guide) options")
     workers: int = Field(0, ge=0, description="rollout workers: N Ray actors, each with its own engine, generate and "
                          "score the step's prompts (0 = in-process; pip install 'rollwise[ray]'; dist/)")
     worker_resources: WorkerResources = Field(default_factory=WorkerResources,
@@ -279,7 +281,7 @@ FILLS = (
     SectionFill("replay.method=remix", "objective.beta and objective.prox_kl_coef = replay.remix.beta / 2 "
                 "(ReMix's KL-convex constraint; replay.remix_objective)", _fill_remix),
     SectionFill("a run that trains tokens sampled by older policies (train.mode=async with max_staleness >= 1, "
-                "a replay method that serves stored groups, rollout.strategy=april)",
+                "a replay method that serves stored groups, rollout.strategy=april, or a guided strategy: guide)",
                 "objective.tis_mode = token_truncate, unless the objective preset sets tis_mode "
                 "(optim.objective.STALE_TOKEN_OBJECTIVE)", _fill_stale_token_correction),
     SectionFill("an engine that may sample below fp32 (rollout.engine_dtype=bfloat16; auto on CUDA or on a CPU with "
@@ -312,6 +314,8 @@ def off_policy_source(data: dict) -> str | None:
         return f"replay.method={replay.method}"
     if rollout.strategy == "april":
         return "rollout.strategy=april"
+    if rollout.strategy in GUIDED:  # sampled under a context the trained prompt lacks
+        return f"rollout.strategy={rollout.strategy}"
     return None
 
 

@@ -32,7 +32,7 @@ from rollwise.engine import make_engine
 from rollwise.eval.accuracy import EvalResult, evaluate
 from rollwise.filter.registry import resolve_rewards
 from rollwise.filter.sandbox import Sandbox
-from rollwise.generate import build_generator, sampling_params
+from rollwise.generate import build_generator, check_guidance, sampling_params
 from rollwise.model import lora
 from rollwise.model.load import encode_prompt, load_model_and_tokenizer
 from rollwise.optim.batch import build_batch
@@ -97,6 +97,7 @@ class Trainer:
         embed = PolicyEmbedder(self.sampling_policy, self.tokenizer.pad_token_id)  # difficulty_select's
         self.set_controller(build_controller(cfg.control, r, cfg.seed, embed=embed))
         check_replay(cfg.replay, r, cfg.objective)
+        check_guidance(r, cfg.objective)  # guide: hinted rollouts need an IS weight
         # no fixed step count: step() reports the run's progress towards whichever limit stops it
         self.replay = build_replay(cfg.replay, seed=cfg.seed, prompts_per_step=r.prompts_per_step, total_steps=0)
         self.limits = RunLimits.from_config(cfg.train)  # what fit() runs to (fit(until=...) replaces them)
@@ -195,6 +196,7 @@ class Trainer:
         sampler = RoundSampler(self, step, engine, clock)  # one round: generate, score, record in stats
         with PromptPrefixes(control, engine, len(prompts)) as prefixes:  # extend rounds copy the prompts' prefixes
             groups, metrics, _ = sampler.sample(prompts, budgets, seeds.FIRST_ROUND)
+            metrics |= self.generator.revise(groups, sampler)  # guide, scope: failed groups get guided rollouts
             metrics |= extend_rounds(control, stats, groups, sampler, budget - sum(budgets))  # xrpo, dars
             groups, refill = accept_and_refill(control, stats, source, groups, sampler, len(prompts), group_size)
         control.observe_step(groups, stats)

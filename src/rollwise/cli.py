@@ -142,11 +142,24 @@ def eval_(
     from rollwise.train.loop import Trainer
 
     cfg = load_run_config(str(recipe) if recipe else None, set_ or [])
-    with Trainer(cfg) as trainer:
+    with Trainer(cfg) as trainer:  # its engine samples in rollout.engine_dtype's choice, as in training
+        _log_engine_dtype(trainer.engine_dtype, trainer.engine_dtype_reason)
         result = trainer.evaluate()  # the trainer's own eval: same prompts, judge, engine and seeds
-    console.print(json.dumps(result.metrics(), indent=2))
+    record = result.metrics() | {"engine_dtype": _dtype_name(trainer.engine_dtype),
+                                 "engine_dtype_reason": trainer.engine_dtype_reason}
+    console.print(json.dumps(record, indent=2))
     if json_path:
-        json_path.write_text(json.dumps(result.metrics(), indent=2))
+        json_path.write_text(json.dumps(record, indent=2))
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _log_engine_dtype(dtype, reason: str) -> None:
+    import logging
+
+    logging.getLogger("rollwise").info("the engine samples in %s (%s)", _dtype_name(dtype), reason)
 
 
 @app.command()
@@ -183,6 +196,9 @@ def serve(
                                                     "cache grows to the longest one; 0 = the model's context)")] = 4096,
     kv_cache_mb: Annotated[float, typer.Option(help="MB of episode caches kept to continue from")] = 1024.0,
     max_body_mb: Annotated[float, typer.Option(help="largest request body, MB (413 past it)")] = 8.0,
+    engine_dtype: Annotated[str, typer.Option(help="the precision the engine samples in: auto (bf16 on a CPU with "
+                                                   "native bf16 where it measures faster, else fp32; as "
+                                                   "rollout.engine_dtype) | float32 | bfloat16")] = "auto",
 ):
     """An OpenAI-compatible /v1/chat/completions on the engine, until Ctrl-C (docs/serve.md)."""
     import signal
@@ -212,7 +228,8 @@ def serve(
         fmt = pick_format(tool_format, tok)
     except ValueError as err:
         raise ConfigError(f"--tool-format: {err}") from None
-    engine = SlotEngine(policy, pad_token_id=tok.pad_token_id, max_batch_size=max_batch_size, seed=seed)
+    dtype, reason = _serve_dtype(engine_dtype, policy)
+    engine = SlotEngine(policy, pad_token_id=tok.pad_token_id, max_batch_size=max_batch_size, seed=seed, dtype=dtype)
     path = Path(model.removeprefix("pkg:"))
     served = name or (model if model in PRESETS else path.stem if path.suffix.lower() == ".gguf" else path.name)
     try:
@@ -221,8 +238,8 @@ def serve(
                               kv_cache_mb=kv_cache_mb, max_body_mb=max_body_mb)
     except RuntimeError as err:  # the port is taken
         raise ConfigError(str(err)) from None
-    console.print(f"serving '{served}' ({fmt.name} tool calls) at {server.url} — Ctrl-C stops", highlight=False,
-                  soft_wrap=True)
+    console.print(f"serving '{served}' ({fmt.name} tool calls, engine {_dtype_name(dtype)}: {reason}) at "
+                  f"{server.url} — Ctrl-C stops", highlight=False, soft_wrap=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -231,6 +248,19 @@ def serve(
         pass
     finally:
         server.close()
+
+
+def _serve_dtype(choice: str, policy):
+    """``--engine-dtype``: the engine's precision and why, by training's rule (``train/precision.py``)."""
+    from rollwise.config import ConfigError
+    from rollwise.train.precision import DTYPES, choose
+
+    if choice != "auto" and choice not in DTYPES:
+        raise ConfigError(f"--engine-dtype {choice}: use auto, {', '.join(DTYPES)}")
+    dtype, reason = choose(choice, policy)
+    reason = reason if choice == "auto" else f"--engine-dtype {choice}"
+    _log_engine_dtype(dtype, reason)
+    return dtype, reason
 
 
 @app.command("list")

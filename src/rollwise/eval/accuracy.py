@@ -1,4 +1,5 @@
-"""Accuracy on a held-out split: greedy accuracy, unbiased pass@k and maj@k from sampled completions."""
+"""Accuracy on a held-out split: greedy accuracy, unbiased pass@k and maj@k from sampled completions; for
+episodes, their tool use too (``rollwise.eval.tool_use``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rollwise.engine.engine import Engine, Request
 from rollwise.engine.sampling import SamplingParams
 from rollwise.eval.majority import maj_at_k
 from rollwise.eval.passk import pass_at_k
+from rollwise.eval.tool_use import table_rows, tool_use
 from rollwise.filter.rewards import RewardFn, score_groups
 from rollwise.generate.group import to_rollout
 from rollwise.types import Prompt, RolloutGroup
@@ -25,27 +27,33 @@ class EvalResult:
     # prompt by prompt on one eval set (rollwise.bench.stats)
     correct: list[bool] = field(default_factory=list)
     prompt_ids: list[str] = field(default_factory=list)
+    # episodes (an environment task): tool use of the greedy episodes (rollwise.eval.tool_use), eval/* names
+    tool_use: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         out = {"eval/accuracy": self.accuracy, "eval/mean_length": self.mean_length}
         out.update({f"eval/pass@{k}": v for k, v in self.pass_at.items()})
         out.update({f"eval/maj@{k}": v for k, v in self.maj_at.items()})
-        return out
+        return out | self.tool_use
+
+    def table(self) -> list[tuple[str, str]]:
+        """What ``rollwise eval`` prints: ``(label, value)`` lines."""
+        return table_rows(self.metrics(), len(self.correct))
 
 
 def _groups(engine: Engine, prompts: list[Prompt], params: SamplingParams, n: int, decode, seed: int,
-            episodes=None):
+            episodes=None) -> tuple[list[RolloutGroup], dict[str, float]]:
+    """The groups of ``n`` completions per prompt, and (episodes) the sampler's metrics."""
     if episodes is not None:  # multi-turn: the run's EpisodeSampler (or HarnessSampler) with these sampling settings
         # the copy shares the sampler's endpoints (a harness's): it serves this engine from its own, never
         # closing another engine's (async mode's producer), and the trainer's close() stops them all
-        groups, _ = replace(episodes, params=params).generate(engine, prompts, [n] * len(prompts), seed * 7919)
-        return groups
+        return replace(episodes, params=params).generate(engine, prompts, [n] * len(prompts), seed * 7919)
     requests = [Request(p.token_ids, replace(params, seed=seed * 7919 + i)) for p in prompts for i in range(n)]
     completions = engine.generate(requests)
     return [
         RolloutGroup(p, [to_rollout(p, c, decode) for c in completions[pi * n : (pi + 1) * n]])
         for pi, p in enumerate(prompts)
-    ]
+    ], {}
 
 
 def evaluate(
@@ -55,7 +63,8 @@ def evaluate(
     """Greedy accuracy (``judge`` says correct: ``rollwise.types.is_correct``) and, when ``samples`` > 0,
     pass@1, pass@samples and maj@samples (``rollwise.eval.majority``: a vote by the judge's extracted answers).
     ``episodes`` (a ``generate.episode.EpisodeSampler``): every prompt is a multi-turn episode with
-    the run's environment, scored by ``judge`` and the environment's own reward.
+    the run's environment, scored by ``judge`` and the environment's own reward; the greedy episodes'
+    tool use is reported beside accuracy (``rollwise.eval.tool_use``).
 
     No prompts (an empty eval split) is a ``ConfigError``: a run without an eval split skips its
     evals (``Trainer.has_eval``) rather than calling this."""
@@ -63,7 +72,7 @@ def evaluate(
         raise ConfigError("no eval prompts: the task's eval split is empty (task.name=file: set task.eval_fraction "
                           "above 0 with enough rows to hold some out, or task.eval_path)")
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids))
-    groups = _groups(engine, prompts, greedy, 1, decode, seed, episodes)
+    groups, episode_metrics = _groups(engine, prompts, greedy, 1, decode, seed, episodes)
     score_groups(groups, [judge])
     correct = [g.rollouts[0].correct for g in groups]
     lengths = [g.rollouts[0].num_tokens for g in groups]
@@ -71,7 +80,7 @@ def evaluate(
     maj_at: dict[int, float] = {}
     if samples > 0:
         sampled = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids))
-        sgroups = _groups(engine, prompts, sampled, samples, decode, seed, episodes)
+        sgroups, _ = _groups(engine, prompts, sampled, samples, decode, seed, episodes)
         score_groups(sgroups, [judge])
         counts = [g.num_correct for g in sgroups]
         for k in sorted({1, samples}):
@@ -86,4 +95,5 @@ def evaluate(
         for g in groups[:keep]
     ]
     return EvalResult(sum(correct) / len(correct), pass_at, sum(lengths) / len(lengths), kept, maj_at,
-                      [bool(c) for c in correct], [p.id for p in prompts])
+                      [bool(c) for c in correct], [p.id for p in prompts],
+                      tool_use(episode_metrics, groups) if episodes is not None else {})

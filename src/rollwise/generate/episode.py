@@ -44,6 +44,23 @@ from rollwise.types import Prompt, Rollout, RolloutGroup, Turn
 ERROR_KINDS = ("parse", "unknown_tool", "bad_arguments", "raised", "timeout")
 
 
+def tool_use_metrics(counts: dict, episodes: int) -> dict[str, float]:
+    """Tool use of ``episodes`` episodes from their call counts (``EpisodeSampler.generate``'s): calls per
+    episode, and — only when there were calls, never a vacuous 0% — the share that could not be parsed
+    and the share read but answered with an error (unknown tool, bad arguments, raised, timed out).
+    Counted are the calls that got an answer: a call on an episode's last allowed turn is not run.
+
+    >>> tool_use_metrics({"tool_calls": 4, "parse": 1, "raised": 1}, episodes=2)
+    {'episode/tool_calls_mean': 2.0, 'episode/parse_failure_rate': 0.25, 'episode/call_error_rate': 0.25}
+    """
+    calls = counts.get("tool_calls", 0)
+    out = {"episode/tool_calls_mean": calls / max(episodes, 1)}
+    if calls:
+        out["episode/parse_failure_rate"] = counts.get("parse", 0) / calls
+        out["episode/call_error_rate"] = sum(counts.get(k, 0) for k in ERROR_KINDS if k != "parse") / calls
+    return out
+
+
 class _FailedEnv:
     """The environment of an episode whose factory raised: no tools, and the reason (it scores 0)."""
 
@@ -105,7 +122,7 @@ class EpisodeSampler(Generator):
         owners = [pi for pi, n in enumerate(budgets) for _ in range(n)]
         for pi, ep in zip(owners, episodes):
             groups[pi].rollouts.append(self._rollout(ep))
-        metrics = {f"episode/{k}": float(v) for k, v in counts.items()}
+        metrics = {f"episode/{k}": float(v) for k, v in counts.items()} | tool_use_metrics(counts, len(episodes))
         metrics["episode/env_failed"] = float(sum(r.failure is not None for g in groups for r in g.rollouts))
         metrics["episode/turns_mean"] = sum(len(e.turns) for e in episodes) / max(len(episodes), 1)
         return groups, metrics

@@ -169,3 +169,22 @@ def test_tiny_model_as_local_judge_answers_junk_scored_zero_with_reasons():
     assert metrics["judge/requests"] == 3.0 and metrics["reward/judge/errors"] == 3.0
     assert metrics["judge/completion_tokens"] > 0 and metrics["judge/tokens"] > metrics["judge/completion_tokens"]
     assert reward_failures(groups)["judge"]["errors"] == 3
+
+
+def test_a_run_with_a_judge_reward_logs_its_tokens(tmp_path):
+    # one config line in a recipe: the judge beside the task's verifier; its tokens in metrics.jsonl
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+    from rollwise.train.metrics import read_metrics
+
+    cfg = load_run_config(None, [
+        f"output_dir={tmp_path}", "task.max_digits=1", "task.eval_size=2", "rollout.prompts_per_step=2",
+        "rollout.num_generations=2", "rollout.max_new_tokens=8", "train.eval_samples=0", "model.threads=1",
+        "train.steps=1", "train.checkpoint_every=0", "sft.steps=0",
+        "rewards=[{name: arith}, {name: judge, weight: 0.5, judge: {model: {threads: 1}, max_new_tokens: 4}}]"])
+    with Trainer(cfg) as t:
+        t.prepare()
+        t.fit()
+        logged = [m for m in read_metrics(t.run_dir) if "judge/tokens" in m]
+    assert len(logged) == 1 and logged[0]["judge/tokens"] > 0 and logged[0]["judge/requests"] == 4.0
+    assert logged[0]["reward/judge/errors"] == 4.0  # the tiny judge's junk: scored 0, counted

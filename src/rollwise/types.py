@@ -65,6 +65,9 @@ class Prompt:
     # a plain prompt tokenized through the tokenizer's chat template, when it has one, as one user message
     # (``task.chat_template``); reward functions still get ``text``, TRL's format for a plain prompt
     chat_template: bool = False
+    # task.labels: none (rollwise.tasks.labels): the reference answer, hidden from training — never a reward
+    # column; only train/pseudo_label_acc (filter/majority_vote.py) reads it. None = nothing hidden
+    hidden_answer: str | None = None
 
     def reward_columns(self) -> dict[str, Any]:
         """Keyword arguments for reward functions: ``answer`` plus every extra column."""
@@ -128,6 +131,8 @@ class Rollout:
     # this one's ids); each trains as its own row with this rollout's advantage (optim.build_batch)
     segments: list[Rollout] | None = None
     failure: str | None = None  # why the rollout could not be scored (a harness that raised or hung): reward 0
+    # majority_vote: a confident pseudo-label's positive advantages are multiplied by this (1 − share; optim)
+    positive_advantage_scale: float = 1.0
     # guided exploration (generate/guide.py, nudge.py): the context the rollout was sampled under — a hint, a
     # strategy — prepended to the prompt; ``prompt_ids`` are the bare prompt's all the same (it trains on x, its
     # behaviour log-probs are those under x⊕context: the IS weight corrects the gap). None = sampled from x itself

@@ -228,8 +228,10 @@ def math_answer(prompts, completions, answer, **_) -> list[float]:
     scores = []
     for completion, gold in zip(completions, answer):
         try:
-            if gold is None:
-                scores.append(Score(0.0, "no reference answer"))
+            if gold is None:  # no label (task.labels: none): the answer read is still reported (majority_vote)
+                said = extract_answer(as_text(completion))
+                ok = said is not None and len(said) <= MAX_ANSWER_CHARS
+                scores.append(Score(0.0, "no reference answer", answer=normalise(said) if ok else None))
             else:
                 scores.append(check_with_timeout(as_text(completion), str(gold)))
         except (Exception, TimeoutException) as err:  # TimeoutException is a BaseException

@@ -88,6 +88,7 @@ def score_one(completion: str, entry: dict, scorer: Callable, answer_format: str
     ...  ("<answer>13</answer>", "<answer>12</answer>", "13", "<answer>x 13</answer>"))]
     [(1.0, ''), (0.0, 'wrong answer 12 (expected 13)'), (0.0, 'no <answer>...</answer> tag'), (0.5, 'partial credit 0.5 for x 13 (expected 13)')]
     """
+    said = None  # the answer read, reported even when the scorer fails (no label under task.labels: none)
     try:
         answer = extract(completion, answer_format)
         if answer is None:
@@ -105,7 +106,7 @@ def score_one(completion: str, entry: dict, scorer: Callable, answer_format: str
             return Score(value, f"partial credit {value:.3g} for {_short(answer)}{expected}", answer=said)
         return Score(value, f"wrong answer {_short(answer)}{expected}", answer=said)
     except Exception as err:  # never raise on model output: a scorer may choke on any text
-        return Score(0.0, f"could not score the answer ({type(err).__name__}: {_short(err, 80)})")
+        return Score(0.0, f"could not score the answer ({type(err).__name__}: {_short(err, 80)})", answer=said)
 
 
 @functools.lru_cache(maxsize=None)

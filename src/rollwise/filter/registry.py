@@ -3,7 +3,8 @@
 The eval judge (what eval accuracy, pass@k, maj@k and ``summary.json`` count as correct: a score
 above 0.5, ``rollwise.types.is_correct``) is the task's own reward — its verifier, or for
 ``task.name: file`` ``task.reward`` — except for a file task without ``task.reward``: then it is
-the first entry of ``rewards:`` (``Task.judge_from_rewards``). A judge that is not among the
+the first entry of ``rewards:`` but ``majority_vote`` (``Task.judge_from_rewards``; majority_vote
+asks the judge what each completion answered). A judge that is not among the
 run's training rewards is warned about once, when the rewards are resolved.
 """
 
@@ -14,6 +15,7 @@ import logging
 from collections.abc import Callable
 
 from rollwise.config import ConfigError
+from rollwise.filter.majority_vote import MajorityVote, majority_vote
 from rollwise.filter.rewards import RewardFn, load_callable
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,7 @@ def builtin_rewards(sandbox=None) -> dict[str, Callable]:
                                             getattr(code, name)) for name in CODE_REWARDS}
     from rollwise.filter.judge import Judge
 
-    return {"arith": arith_reward, "countdown": countdown_reward, "math_answer": math_answer, **bound,
+    return {"arith": arith_reward, "countdown": countdown_reward, "math_answer": math_answer, "majority_vote": majority_vote, **bound,
             "judge": Judge}  # built from its rewards[].judge section (resolve_rewards)
 
 
@@ -75,11 +77,19 @@ def resolve_rewards(configs, task, sandbox=None, warn: bool = True) -> tuple[lis
         fns = [RewardFn(*configured(rc, i, known), rc.weight) for i, rc in enumerate(configs)]
         if not fns:
             raise ConfigError("rewards is an empty list; remove it to use the task's own rewards")
-    if task.judge_from_rewards and configs:
-        judge = RewardFn(fns[0].name, fns[0].fn)  # weight 1: correct = its own score above 0.5
-    else:
+    judged = [f for f in fns if f.fn is not majority_vote]  # majority_vote reads the judge's answers: never it
+    if task.judge_from_rewards and configs and judged:
+        judge = RewardFn(judged[0].name, judged[0].fn)  # weight 1: correct = its own score above 0.5
+    elif task.rewards:
         judge = RewardFn(*next(iter(task.rewards.items())))
-    if warn and not any(f.fn is judge.fn or f.name == judge.name for f in fns):
+    else:
+        raise ConfigError("majority_vote needs a verifier to read each completion's answer: set task.answer_field "
+                          "(math_answer) or task.reward, or list the verifier under rewards: too")
+    for i, f in enumerate(fns):
+        if f.fn is majority_vote:  # bound to the judge: it asks the judge what each completion answered
+            f.fn = MajorityVote(judge, configs[i].majority_vote)
+    if warn and not any(f.fn is judge.fn or f.name == judge.name or getattr(f.fn, "verifier", None) is judge
+                        for f in fns):
         log.warning("the eval judge '%s' is not among this run's training rewards (%s): eval accuracy, pass@k and "
                     "maj@k measure what training does not reward. The judge is task.reward (task.name: file; "
                     "unset: the first of rewards:), else the task's own verifier", judge.name,

@@ -29,6 +29,9 @@ for that component with the reason ``non-finite``, counted by ``reward/<name>/no
 non-finite reward never reaches an advantage. A rollout with ``failure`` set (its harness
 raised or timed out, its environment failed) scores 0 with that reason; the optimizer gives
 it no weight (``rollwise.optim``).
+
+A reward with a ``score_groups(groups) -> (values, metrics)`` method (``majority_vote``) is
+given the whole groups instead of TRL's flat call; its metrics join the step's.
 """
 
 from __future__ import annotations
@@ -87,6 +90,12 @@ def _call(fn: Callable, prompts, completions, completion_ids, columns) -> list:
 
 async def _await(awaitable):
     return await awaitable
+
+
+def call_reward(fn: Callable, prompts, completions, kwargs: dict) -> list:
+    """``fn`` called as TRL calls it, on ``reward_inputs``' output (awaited if async); may raise."""
+    columns = {k: v for k, v in kwargs.items() if k != "completion_ids"}
+    return _call(fn, prompts, completions, kwargs["completion_ids"], columns)
 
 
 def final_turn(rollout: Rollout) -> str:
@@ -150,6 +159,21 @@ def _values(rf: RewardFn, prompts, completions, kwargs, n: int) -> tuple[list, i
         return [Score(0.0, f"{rf.name}{RAISED}{type(err).__name__}: {err}")] * n, n
 
 
+def _group_values(rf: RewardFn, groups: list[RolloutGroup], n: int) -> tuple[list, int, dict]:
+    """A group-level reward's values (``rf.fn.score_groups(groups) -> (values, metrics)``: majority_vote
+    reads whole groups), failures as ``_values`` counts them, and its metrics."""
+    try:
+        values, metrics = rf.fn.score_groups(groups)
+        if len(values) != n:
+            raise ValueError(f"returned {len(values)} values for {n} completions")
+        return list(values), 0, metrics
+    except Exception as err:  # as _values: a reward must not take training down
+        if not rf.warned:
+            rf.warned = True
+            log.warning("reward '%s' raised %s: %s; its rollouts score 0 for it", rf.name, type(err).__name__, err)
+        return [Score(0.0, f"{rf.name}{RAISED}{type(err).__name__}: {err}")] * n, n, {}
+
+
 def _component(r: Rollout, name: str, v) -> float:
     """Record component ``name`` = ``v`` on ``r`` (0 with the reason ``non-finite`` for a value that
     is not a finite number); returns the value recorded."""
@@ -177,7 +201,11 @@ def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict
     totals = [0.0] * len(rollouts)
     answers: list[str | None] = [None] * len(rollouts)  # the first reward function's extracted answer wins
     for rf in reward_fns:
-        values, errors = _values(rf, prompts, completions, dict(kwargs), len(rollouts))
+        if callable(getattr(rf.fn, "score_groups", None)):  # a group-level reward (majority_vote)
+            values, errors, extra = _group_values(rf, groups, len(rollouts))
+            metrics |= extra
+        else:
+            values, errors = _values(rf, prompts, completions, dict(kwargs), len(rollouts))
         bad = 0
         for i, ((_, r), v) in enumerate(zip(rollouts, values)):
             if v is None:

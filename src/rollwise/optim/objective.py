@@ -184,6 +184,8 @@ def assign_advantages(groups: list[RolloutGroup], cfg: ObjectiveConfig) -> dict[
             assign_tree_advantages(g, scale[i] if n else 1.0, cfg.tree_mix)
         else:
             for j, r in enumerate(g.rollouts, start=i):
+                if adv[j] > 0:  # majority_vote: a confident pseudo-label's positives count less (× 1 − share)
+                    adv[j] *= r.positive_advantage_scale
                 r.advantage = token_advantages(r, adv[j], steps[j])
                 for s in r.segments or ():  # a harness episode's other segments: its sequence advantage
                     s.advantage = [adv[j]] * len(s.completion_ids)

@@ -34,6 +34,7 @@ from pydantic import Field, model_validator
 from rollwise.config import StrictModel
 from rollwise.filter.arith import arith_reward, parse_answer  # noqa: F401  (the task's verifier)
 from rollwise.tasks.base import Task
+from rollwise.tasks.labels import LabelsMode, labels_field
 from rollwise.tasks.tool_calls import FORMATS
 from rollwise.types import Prompt
 
@@ -161,6 +162,7 @@ class ArithConfig(StrictModel):
     ops: str = Field("+-", description="operators to draw from, any of '+', '-' (column-by-column working) and '*' "
                      "(the answer alone)")
     eval_size: int = Field(200, ge=0, description="held-out prompts, never drawn for training")
+    labels: LabelsMode = labels_field()
     tool_demos: bool = Field(False, description="SFT demonstrations are calculator episodes in the plain tool format "
                              "(`<call>calculate(\"a*b\")</call>`, then `<result>..</result>`, then `#answer`): for "
                              "rollout.environment=calculator")

@@ -40,6 +40,7 @@ from rollwise.config import ConfigError, StrictModel
 from rollwise.filter.registry import builtin_rewards, reward_function
 from rollwise.imports import find_file
 from rollwise.tasks.base import ListSource, Task
+from rollwise.tasks.labels import LabelsMode, labels_field
 from rollwise.types import Prompt
 
 _JSONL = (".jsonl", ".ndjson")
@@ -54,6 +55,7 @@ class FileTaskConfig(StrictModel):
     eval_path: str | None = Field(None, description="held-out eval data; if unset, eval_fraction of path is held out")
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of path held out when eval_path is unset")
     eval_size: int | None = Field(None, ge=0, description="at most this many eval prompts (a seeded sample)")
+    labels: LabelsMode = labels_field()
     prompt_field: str = Field("prompt", description="field holding the prompt: a string or a list of {role, content}")
     answer_field: str | None = Field("answer", description="field holding the reference answer (null: none)")
     demo_field: str | None = Field(None, description="field holding a worked solution, used for SFT demonstrations")

@@ -46,6 +46,7 @@ from pydantic import Field, field_validator
 from rollwise.config import ConfigError, StrictModel
 from rollwise.filter.reasoning_gym import make_reward
 from rollwise.tasks.base import Task
+from rollwise.tasks.labels import LabelsMode, labels_field
 from rollwise.types import Prompt
 
 CHUNK = 500  # items per generator instance (reasoning-gym's default size and ReseedingDataset chunk)
@@ -87,6 +88,7 @@ class ReasoningGymConfig(StrictModel):
         description="datasets to mix: [{name, weight (default 1), config (the generator's options)}]",
     )
     eval_size: int = Field(200, ge=0, le=100_000, description="held-out prompts, never drawn for training")
+    labels: LabelsMode = labels_field()
     answer_format: Literal["answer_tag", "boxed", "lenient"] = Field(
         "answer_tag", description="answer_tag: <answer>...</answer> (reasoning-gym's convention); boxed: \\boxed{...}; "
         "lenient: asks for \\boxed{} but reads the answer as math_answer does (the last \\boxed{}, else the text "

@@ -18,6 +18,7 @@ from rollwise.config import ConfigError, StrictModel, apply_overrides, load_yaml
 from rollwise.control import ControlConfig
 from rollwise.replay import ReplayConfig, remix_objective, replay_serves_stored_groups
 from rollwise.filter.judge import JudgeConfig
+from rollwise.filter.majority_vote import MajorityVoteConfig
 from rollwise.filter.sandbox.config import SandboxConfig
 from rollwise.generate import GUIDED, STRATEGIES
 from rollwise.generate.april import AprilConfig
@@ -27,6 +28,7 @@ from rollwise.generate.tree import TreeConfig
 from rollwise.model.load import ModelConfig
 from rollwise.optim.objective import PRESET_SECTIONS, PRESETS, STALE_TOKEN_OBJECTIVE, ObjectiveConfig
 from rollwise.tasks.arith import ArithConfig
+from rollwise.tasks.labels import check_labels
 from rollwise.tasks.registry import TaskConfig
 from rollwise.train.metrics import check_loggers
 
@@ -176,6 +178,16 @@ class TrainConfig(StrictModel):
 class RewardConfig(StrictModel):
     name: str = Field(description="a reward known to `rollwise list rewards`, or 'package.module:function'")
     weight: float = Field(1.0, description="weight in the total reward")
+    majority_vote: MajorityVoteConfig | None = Field(
+        None, description="name: majority_vote — the vote's thresholds (rollwise.filter.majority_vote; unset: "
+        "label at a majority share >= .3, scale positive advantages above .9)")
+
+    @model_validator(mode="after")
+    def _majority_vote_section(self):
+        if self.majority_vote is not None and self.name != "majority_vote":
+            raise ValueError(f"rewards[].majority_vote: only a majority_vote reward has this section (name is "
+                             f"{self.name!r})")
+        return self
     judge: JudgeConfig | None = Field(None, description="name: judge — the judge model and its rubric "
                                       "(rollwise.filter.judge; docs/tasks.md)")
 
@@ -208,6 +220,11 @@ class RunConfig(StrictModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig,
                                  description="what is kept and trained on again (`rollwise list replay`)")
+
+    @model_validator(mode="after")
+    def _label_free_reward(self):
+        check_labels(self.task, self.rewards)  # task.labels: none needs majority_vote (tasks/labels.py)
+        return self
 
     @model_validator(mode="before")
     @classmethod

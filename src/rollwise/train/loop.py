@@ -40,6 +40,7 @@ from rollwise.optim.objective import assign_advantages
 from rollwise.optim.update import UpdateSpec, policy_update
 from rollwise.replay import build_replay
 from rollwise.replay import check_composition as check_replay
+from rollwise.tasks.labels import with_labels
 from rollwise.train import outcome, precision, rundir
 from rollwise.train import resume as resume_rules
 from rollwise.train.build import (
@@ -74,7 +75,7 @@ class Trainer:
             torch.set_num_threads(threads)
         self.run_dir = Path(cfg.output_dir) / cfg.name
         self.sandbox = Sandbox(cfg.sandbox)  # the run's own: code tasks and rewards get it, close() stops it
-        self.task = cfg.task.build(cfg.seed, self.sandbox)
+        self.task = with_labels(cfg.task.build(cfg.seed, self.sandbox), cfg.task)  # task.labels: none hides answers
         lora.check_composition(cfg)
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.seed)
         self.reward_fns, self.judge = resolve_rewards(cfg.rewards, self.task, self.sandbox)

@@ -48,11 +48,12 @@ def test_products_answer_directly_without_tool_demos():
 def test_tool_demonstrations_call_the_calculator_and_answer_its_result():
     task = tool_task()
     for p in map(task.train.get, range(20)):
-        (call, trained), (inserted, from_model), (answer, trained_too) = task.demonstrate(p)
-        assert trained and trained_too and not from_model
+        call, result_message, answer = task.demonstrate(p).written(PLAIN)  # a conversation (tasks/tool_demos.py)
+        call, answer = call["content"], answer["content"]
         (tool_call,) = PLAIN.parse(call)  # the plain format reads the call the model is taught
         assert tool_call.name == "calculate" and tool_call.error is None
         result = Calculator().calculate(*tool_call.positional)
+        inserted = PLAIN.result_text([result_message["content"]])
         assert result == p.answer and inserted == PLAIN.result_text([result])
         episode_text = call + inserted + answer  # what reward functions get: results included
         assert arith_reward([p.text], [episode_text], answer=[p.answer]) == [1.0]
@@ -89,7 +90,7 @@ def test_sft_trains_exactly_the_ids_an_episode_trains():
     demo = task.demonstrate(p)
     params = SamplingParams(temperature=1.0, max_new_tokens=80, stop_token_ids=(tok.eos_token_id,))
     episodes = EpisodeSampler(params, tok, lambda: EpisodeEnv(Calculator(), 5.0, 2000), PLAIN, max_turns=2)
-    (group,), metrics = episodes.generate(Replay(tok, [t for t, model in demo if model]), [p], [1], seed=0)
+    (group,), metrics = episodes.generate(Replay(tok, [m["content"] for m in demo.written(PLAIN) if m["role"] == "assistant"]), [p], [1], seed=0)
     (r,) = group.rollouts
     ids, mask = demo_ids(tok, demo)
     assert r.completion_ids == ids and r.loss_weights == mask and metrics["episode/tool_calls"] == 1.0

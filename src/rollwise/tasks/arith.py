@@ -17,11 +17,12 @@ strategies exploit. The reward checks only the number after the last ``#``.
 
 Multiplication (``ops`` with ``*``) has no working: the demonstration is the answer alone,
 ``347*58= #20126`` — exact arithmetic a tiny model cannot do in its head. With
-``tool_demos`` every demonstration is instead a two-turn calculator episode in the ``plain``
-tool format (``rollout.environment: calculator``, ``tasks/tool_calls.py``): the model turn
-``<call>calculate("347*58")</call>`` ends at EOS, the environment inserts
-``<result>20126</result>``, the model turn `` #20126`` answers. The SFT warm start trains the
-model turns only (``Task.demonstrate``'s segments).
+``tool_demos`` every demonstration is instead a two-turn calculator episode
+(``rollout.environment: calculator``; ``tasks/tool_demos.py``): the model turn calls
+``calculate("347*58")`` and ends at EOS, the environment inserts the result ``20126``, the model
+turn `` #20126`` answers. The SFT warm start renders it in the run's tool format (``plain``:
+``<call>calculate("347*58")</call>`` then ``<result>20126</result>``; ``hermes``: through the
+chat template) and trains the model turns only.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from rollwise.config import StrictModel
 from rollwise.filter.arith import arith_reward, parse_answer  # noqa: F401  (the task's verifier)
 from rollwise.tasks.base import Task
 from rollwise.tasks.labels import LabelsMode, labels_field
-from rollwise.tasks.tool_calls import FORMATS
+from rollwise.tasks.tool_demos import Conversation, calculator_episode
 from rollwise.types import Prompt
 
 OPS = "+-*"
@@ -107,16 +108,16 @@ def demonstrate(prompt: Prompt) -> str:
     return solve(c["a"], c["op"], c["b"])
 
 
-def demonstrate_with_calculator(prompt: Prompt) -> list[tuple[str, bool]]:
-    """A calculator episode in the ``plain`` format: (text, the model wrote it) segments.
+def demonstrate_with_calculator(prompt: Prompt) -> Conversation:
+    """A calculator episode: the call, the calculator's result (inserted, not trained), the answer.
 
-    >>> demonstrate_with_calculator(make_prompt("p", 347, "*", 58))
-    [('<call>calculate("347*58")</call>', True), ('<result>20126</result>', False), (' #20126', True)]
+    >>> from rollwise.tasks.tool_calls import FORMATS
+    >>> [m["content"] for m in demonstrate_with_calculator(make_prompt("p", 347, "*", 58)).written(FORMATS["plain"])]
+    ['<call>calculate("347*58")</call>', '20126', ' #20126']
     """
     c = prompt.columns
     result = str(value(c["a"], c["op"], c["b"]))
-    return [(f'<call>calculate("{c["a"]}{c["op"]}{c["b"]}")</call>', True),
-            (FORMATS["plain"].result_text([result]), False), (f" #{result}", True)]
+    return calculator_episode(f"{c['a']}{c['op']}{c['b']}", result, f" #{result}")
 
 
 def build(seed: int = 0, eval_size: int = 200, min_digits: int = 1, max_digits: int = 5, ops: str = "+-",
@@ -163,8 +164,8 @@ class ArithConfig(StrictModel):
                      "(the answer alone)")
     eval_size: int = Field(200, ge=0, description="held-out prompts, never drawn for training")
     labels: LabelsMode = labels_field()
-    tool_demos: bool = Field(False, description="SFT demonstrations are calculator episodes in the plain tool format "
-                             "(`<call>calculate(\"a*b\")</call>`, then `<result>..</result>`, then `#answer`): for "
+    tool_demos: bool = Field(False, description="SFT demonstrations are calculator episodes (the call, the result "
+                             "— not trained —, then `#answer`) in the run's tool format: for "
                              "rollout.environment=calculator")
 
     @model_validator(mode="after")

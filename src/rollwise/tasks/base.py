@@ -50,9 +50,11 @@ class Task:
     ``rewards`` maps a name to a TRL-style reward function
     (``fn(prompts, completions, completion_ids, **columns) -> list[float | None]``);
     ``demonstrate(prompt)`` returns a correct completion for the SFT warm start (or None
-    when the task has no demonstrations) — for a multi-turn episode, a list of ``(text,
-    the model wrote it)`` segments: each model segment is a turn that ends with EOS, the others
-    are what the environment inserts and are not trained (``train/sft.py``).
+    when the task has no demonstrations; None for a row: that row has none) — for a multi-turn
+    episode, a ``tasks.tool_demos.Conversation`` (rendered in the run's tool format and chat
+    template, as its episodes are), or a list of ``(text, the model wrote it)`` segments (an
+    episode already written as plain-format text): each model turn ends with EOS, what the
+    environment inserts is not trained (``train/sft.py``).
 
     ``judge_from_rewards``: the eval judge is the first of the recipe's ``rewards:`` when it lists
     any, else the first of ``rewards`` (``task.name: file`` without ``task.reward``;
@@ -65,7 +67,7 @@ class Task:
     train: PromptSource
     eval: list[Prompt]
     rewards: dict[str, Callable]
-    demonstrate: Callable[[Prompt], str | list[tuple[str, bool]] | None] | None = None
+    demonstrate: Callable[[Prompt], object] | None = None  # str | Conversation | segments | None
     description: str = ""
     stop_strings: list[str] = field(default_factory=list)
     judge_from_rewards: bool = False

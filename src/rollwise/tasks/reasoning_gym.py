@@ -47,6 +47,7 @@ from rollwise.config import ConfigError, StrictModel
 from rollwise.filter.reasoning_gym import make_reward
 from rollwise.tasks.base import Task
 from rollwise.tasks.labels import LabelsMode, labels_field
+from rollwise.tasks.tool_demos import Conversation, calculator_episode, expression_of
 from rollwise.types import Prompt
 
 CHUNK = 500  # items per generator instance (reasoning-gym's default size and ReseedingDataset chunk)
@@ -95,6 +96,10 @@ class ReasoningGymConfig(StrictModel):
         "after 'answer is' or '####', else the last number) — for chat models that answer in prose")
     system_prompt: str | None = Field(
         None, description="null: the format's default (reasoning-gym's for answer_tag, none for boxed); '' for none")
+    tool_demos: bool = Field(
+        False, description="SFT demonstrations are calculator episodes: calculate(the item's expression), the result "
+        "(not trained), the answer in answer_format — for rollout.environment=calculator on datasets whose items "
+        "carry an expression (basic_arithmetic, chain_sum, products)")
 
     @field_validator("datasets")
     @classmethod
@@ -259,6 +264,27 @@ def demonstrate(prompt: Prompt, answer_format: str = "answer_tag") -> str | None
     return f"\\boxed{{{prompt.answer}}}" if answer_format in ("boxed", "lenient") else f"<answer>{prompt.answer}</answer>"
 
 
+def tool_demonstration(prompt: Prompt, answer_format: str = "answer_tag") -> Conversation | None:
+    """A calculator episode for the prompt: ``calculate`` on its row's expression, the result, then the
+    reference answer in the answer format (None when the item has no expression the calculator
+    evaluates to its answer)."""
+    expression, final = expression_of(prompt), demonstrate(prompt, answer_format)
+    if expression is None or final is None:
+        return None
+    return calculator_episode(expression, prompt.answer, final)
+
+
+def check_tool_demos(source: "ReasoningGymSource") -> None:
+    """``task.tool_demos``: every dataset's first train item must have a calculator demonstration."""
+    for i, gen in enumerate(source.gens):
+        index = next(j for j in range(10_000) if source.dataset_of(j) == i)
+        prompt = source.get(index)
+        if tool_demonstration(prompt) is None:
+            raise ConfigError(f"task.tool_demos: reasoning-gym {gen.name} item {prompt.text[:60]!r} has no arithmetic "
+                              "expression the calculator evaluates to its answer (metadata.expression); tool "
+                              "demonstrations are made for basic_arithmetic, chain_sum and products")
+
+
 def build(cfg: ReasoningGymConfig, seed: int = 0) -> Task:
     gens = generators(cfg, seed)
     system = cfg.system_prompt if cfg.system_prompt is not None else _default_system_prompt(cfg.answer_format)
@@ -266,11 +292,15 @@ def build(cfg: ReasoningGymConfig, seed: int = 0) -> Task:
     evals = eval_prompts(source, cfg.eval_size)
     source.exclude = {p.text for p in evals}
     names = ", ".join(f"{d.name} x{d.weight:g}" for d in cfg.datasets)
+    if cfg.tool_demos:
+        check_tool_demos(source)
+    demo = tool_demonstration if cfg.tool_demos else demonstrate
     return Task(
         name="reasoning_gym",
         train=source,
         eval=evals,
         rewards={"reasoning_gym": make_reward({g.name: g.score_answer for g in gens}, cfg.answer_format)},
-        demonstrate=lambda prompt: demonstrate(prompt, cfg.answer_format),
-        description=f"reasoning-gym: {names}; answers in {cfg.answer_format}",
+        demonstrate=lambda prompt: demo(prompt, cfg.answer_format),
+        description=f"reasoning-gym: {names}; answers in {cfg.answer_format}"
+                    + ("; demonstrations call the calculator" if cfg.tool_demos else ""),
     )

@@ -132,3 +132,12 @@ def test_a_label_free_run_never_reads_a_reference_answer(tmp_path):
         answers = [r.extracted_answer for r in g.rollouts]
         label = pseudo_label(answers)[0]
         assert [r.reward for r in g.rollouts] == [float(label is not None and a == label) for a in answers]
+
+
+def test_the_report_plots_pseudo_label_accuracy():
+    """train/pseudo_label_acc is a key curve (shown open) in its own label-free group, with the vote's counts."""
+    from rollwise.report.curves import group_metrics, key_rank
+
+    groups = group_metrics(["train/pseudo_label_acc", "majority_vote/skipped", "reward/mean"])
+    assert groups["label-free"] == ["majority_vote/skipped", "train/pseudo_label_acc"]
+    assert key_rank("train/pseudo_label_acc") is not None

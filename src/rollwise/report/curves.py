@@ -21,6 +21,8 @@ from rollwise.report.runs import Run
 # followed by "_" or "/" (kl → kl, kl_prox). A metric goes to the first group that matches it.
 GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
     ("reward", "Reward", ("reward/", "train/pass_rate")),
+    ("label-free", "Label-free RL: pseudo-label accuracy, labelled and skipped groups (majority_vote)",
+     ("train/pseudo_label_acc", "majority_vote/")),
     ("eval", "Eval accuracy, pass@k and maj@k", ("eval/",)),
     ("length", "Length (mean, max, truncated share)", ("length/",)),
     ("entropy", "Entropy", ("entropy",)),
@@ -59,6 +61,7 @@ def group_metrics(names: list[str]) -> dict[str, list[str]]:
 
 # the curves shown first, in this order: a metric matches the first pattern it fits (``key_rank``)
 KEY = ("eval/accuracy", "eval/pass@", "eval/maj@", "reward/mean", "train/pass_rate", "reward/*", "reward/std",
+       "train/pseudo_label_acc",  # label-free RL (majority_vote): is the pseudo-label right?
        "groups/zero_signal", "length/mean", "length/truncated", "kl", "entropy", "loss")
 SMOOTH_FROM = 20  # points; shorter series are drawn raw (with markers)
 

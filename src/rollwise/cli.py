@@ -381,6 +381,15 @@ def bench_engine(json_path: JsonOpt = None, set_: SetOpt = None):
     _report(run_engine_bench(overrides=set_ or [], console=console), json_path)
 
 
+@bench_app.command("precision")
+@friendly_errors
+def bench_precision(json_path: JsonOpt = None, set_: SetOpt = None):
+    """KL from fp32, top-1 agreement and tokens/s of bf16 and int8 schemes on this CPU (and the int8 verdict)."""
+    from rollwise.bench.precision import run_precision_bench
+
+    _report(run_precision_bench(overrides=set_ or [], console=console), json_path)
+
+
 @bench_app.command("rollout")
 @friendly_errors
 def bench_rollout(json_path: JsonOpt = None, set_: SetOpt = None):

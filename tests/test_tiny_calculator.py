@@ -90,7 +90,8 @@ def test_sft_trains_exactly_the_ids_an_episode_trains():
     demo = task.demonstrate(p)
     params = SamplingParams(temperature=1.0, max_new_tokens=80, stop_token_ids=(tok.eos_token_id,))
     episodes = EpisodeSampler(params, tok, lambda: EpisodeEnv(Calculator(), 5.0, 2000), PLAIN, max_turns=2)
-    (group,), metrics = episodes.generate(Replay(tok, [m["content"] for m in demo.written(PLAIN) if m["role"] == "assistant"]), [p], [1], seed=0)
+    turns = [m["content"] for m in demo.written(PLAIN) if m["role"] == "assistant"]
+    (group,), metrics = episodes.generate(Replay(tok, turns), [p], [1], seed=0)
     (r,) = group.rollouts
     ids, mask = demo_ids(tok, demo)
     assert r.completion_ids == ids and r.loss_weights == mask and metrics["episode/tool_calls"] == 1.0

@@ -154,7 +154,8 @@ def test_smollm2_template_renders_the_demonstration_as_its_episode():
     prompt = arith.make_prompt("p", 347, "*", 58)
     demo = calculator_episode("347 * 58", "20126", "\\boxed{20126}")
     _, ids, mask = assert_sft_example_is_the_episode(tok, HERMES, prompt, demo)
-    assert tok.decode([i for i, m in zip(ids, mask) if not m]) == "\n<|im_start|>tool\n20126<|im_end|>\n<|im_start|>assistant\n"
+    inserted = "\n<|im_start|>tool\n20126<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode([i for i, m in zip(ids, mask) if not m]) == inserted
     assert tok.decode([i for i, m in zip(ids, mask) if m]) == (
         '<tool_call>{"name": "calculate", "arguments": {"expression": "347 * 58"}}</tool_call><|im_end|>'
         "\\boxed{20126}<|im_end|>")
@@ -272,3 +273,37 @@ def test_a_row_without_a_demonstration_is_skipped():
     assert Conversation(({"role": "assistant", "content": "4"},)).tool_results() == []
     with pytest.raises(ValueError, match="ends with the final assistant turn"):
         Conversation(({"role": "tool", "content": "4"},))
+
+
+# -- in a run ------------------------------------------------------------------------------------------
+def chat_run(tmp_path, chat_dir, *extra):
+    from rollwise.train.config import load_run_config
+
+    return load_run_config(None, [
+        f"output_dir={tmp_path}", "name=tools", f"model.path={chat_dir}", "model.threads=1", "task.name=arith",
+        "task.ops='*'", "task.min_digits=2", "task.max_digits=3", "task.eval_size=4", "task.tool_demos=true",
+        "rollout.environment=calculator", "rollout.tool_format=hermes", "rollout.max_turns=2",
+        "rollout.prompts_per_step=2", "rollout.num_generations=2", "rollout.max_new_tokens=48",
+        "train.eval_samples=0", "sft.steps=1", "sft.batch_size=3", "optim.micro_batch_size=2", *extra])
+
+
+def test_a_runs_warm_start_trains_on_its_episodes_rendering(tmp_path, chat_dir, monkeypatch):
+    """``rollwise train`` with task.tool_demos: the SFT rows are the run's episodes — the prompt with the
+    environment's tools, as its EpisodeSampler renders it — in micro-batches of optim.micro_batch_size."""
+    import rollwise.train.sft as sft_module
+    from rollwise.train.loop import Trainer
+
+    seen = []
+    real = sft_module.accumulate
+    monkeypatch.setattr(sft_module, "accumulate", lambda model, rows, masks, pad, device, micro:
+                        seen.append((rows, masks, micro)) or real(model, rows, masks, pad, device, micro))
+    with Trainer(chat_run(tmp_path, chat_dir)) as trainer:
+        trainer.prepare()
+        (rows, masks, micro), = seen
+        prompt = trainer.task.train.get(10**9)  # SFT reads the train stream far past RL's first prompts
+        first = trainer.generator.renderer.prompt_ids([{"role": "user", "content": prompt.text}],
+                                                     [t.schema for t in tools_of(Calculator()).values()])
+        assert rows[0][: len(first)] == first and micro == 2 and len(rows) == 3
+        assert "You can call these tools" in trainer.tokenizer.decode(first)
+        assert demo_ids(trainer.tokenizer, trainer.task.demonstrate(prompt), HERMES) == (
+            rows[0][len(first):], masks[0][len(first):])

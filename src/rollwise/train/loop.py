@@ -59,7 +59,7 @@ from rollwise.train.config import RunConfig
 from rollwise.train.metrics import Clock, MetricsLog, rollout_metrics, staleness_metrics, tree_record
 from rollwise.train.pipeline import Pipeline
 from rollwise.train.rollout_log import RolloutLog
-from rollwise.train.sft import sft
+from rollwise.train.sft import EpisodeFormat, sft
 from rollwise.train.state import RunLimits, TrainState, run_summary
 from rollwise.types import Prompt, RolloutGroup
 
@@ -301,7 +301,8 @@ class Trainer:
             if self.cfg.sft.steps:
                 s = self.cfg.sft
                 sft(self.model, self.tokenizer, self.task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
-                    on_step=on_sft_step, log_to=self.run_dir / "sft.jsonl")
+                    on_step=on_sft_step, log_to=self.run_dir / "sft.jsonl", episodes=EpisodeFormat.of(self.generator),
+                    micro_batch_size=self.cfg.optim.micro_batch_size)  # demonstrations rendered as the episodes are
             rundir.save_init_model(self.run_dir, self.cfg, self.model, self.tokenizer)
         self.ref_model = reference_model(self.cfg, self.model, self.init_model_dir(), self.engine.device)
         if ckpt is not None and self.state.reference_moved_at is not None and self.cfg.model.lora is None:

@@ -92,7 +92,8 @@ def conversation_ids(renderer: ChatRenderer, messages: list[dict]) -> tuple[list
     ids, mask, i = [], [], 0
     while i < len(messages):
         if messages[i]["role"] == "assistant":
-            seg, trained, i = tok(messages[i]["content"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id], 1, i + 1
+            seg = tok(messages[i]["content"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            trained, i = 1, i + 1
         else:
             j = next((k for k in range(i, len(messages)) if messages[k]["role"] == "assistant"), len(messages))
             seg, trained, i = renderer.suffix_ids(messages[i:j]), 0, j

@@ -6,13 +6,16 @@ without TRL these tests say so and skip.
 
 import io
 import random
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from rollwise.bench.trl import TRLBenchConfig, long_working, run_trl_bench, settings_mapping, trl_config
+from rollwise.bench.trl import (TRLBenchConfig, long_working, rollwise_overrides, run_trl_bench, settings_mapping,
+                                trl_config)
 from rollwise.config import ConfigError
 from rollwise.filter.arith import arith_reward
+from rollwise.hardware import cpu_info
 from realmodel import require_smollm2
 
 TINY = ["seeds=[0]", "steps=2", "eval_every=1", "eval_size=8", "sft_steps=30", "sft_batch_size=16",
@@ -41,6 +44,29 @@ def test_every_setting_maps_to_the_same_trl_value(tmp_path):
     assert len(settings_mapping(cfg)) >= 15
 
 
+CPUINFO = Path(__file__).parent / "fixtures" / "cpuinfo"
+
+
+@pytest.mark.parametrize("sample, precision, bf16", [
+    ("avx512_bf16_genoa.txt", "auto", True),  # native bf16: TRL gets bf16=True, as rollwise samples in bf16
+    ("amx_sapphire_rapids.txt", "auto", True),
+    ("avx2_epyc.txt", "auto", False),  # no native bf16: fp32 for both
+    ("avx512_cascade_lake.txt", "auto", False),  # AVX-512 without its BF16 extension
+    ("avx2_epyc.txt", "bfloat16", True),  # a bf16 bench: both arms in bf16 wherever it runs
+    ("avx512_bf16_genoa.txt", "float32", False),
+])
+def test_trl_gets_the_precision_rollwise_uses(tmp_path, monkeypatch, sample, precision, bf16):
+    pytest.importorskip("trl", reason="the compare extra (TRL) is not installed")
+    monkeypatch.setenv("ROLLWISE_CPUINFO", str(CPUINFO / sample))  # the config only: TRL does not run
+    cfg = TRLBenchConfig(precision=precision)
+    args = trl_config(cfg, seed=0, out_dir=tmp_path)
+    assert args.bf16 is bf16 and not args.fp16 and args.use_cpu
+    assert trl_config(cfg, 0, tmp_path, info=cpu_info(CPUINFO / sample)).bf16 is bf16  # the argument, likewise
+    assert f"rollout.engine_dtype={precision}" in rollwise_overrides(cfg, 0, tmp_path)
+    row = dict((name, (ours, theirs)) for name, ours, theirs in settings_mapping(cfg))["device, precision"]
+    assert f"rollout.engine_dtype={precision}" in row[0] and f"bf16={bf16}" in row[1]
+
+
 def test_micro_batch_must_divide_the_step():
     with pytest.raises(ConfigError, match="micro_batch_size"):
         run_trl_bench(["micro_batch_size=5", "arms=[rollwise]"], Console(file=io.StringIO()))
@@ -62,6 +88,9 @@ def test_both_arms_train_in_lockstep_from_one_warm_start():
     assert t[1]["began"] < r[1]["began"] and t[1]["began"] + t[1]["loop"] <= r[1]["began"]
     s = out["summary"]
     assert s["step_ratio"] == pytest.approx(s["trl"]["loop"] / s["rollwise"]["loop"])
+    # each arm's precision, as it ran (the suite's AVX2 sample: fp32 for both)
+    assert runs["rollwise"]["precision"]["engine_dtype"] == "float32" and runs["trl"]["precision"]["bf16"] is False
+    assert s["rollwise"]["precision"] == runs["rollwise"]["precision"] and s["trl"]["precision"]["dtype"] == "float32"
 
 
 # -- the chat workloads (issue 21): a tiny local Qwen2 chat model stands in for SmolLM2 ---------------

@@ -2,11 +2,19 @@
 
 Per seed: one SFT warm start (a rollwise run with ``sft.steps`` and ``train.steps=0``; its
 ``init_model`` directory is a Hugging Face model dir), then two arms start from it —
-rollwise (``Trainer.fit``) and TRL (``GRPOTrainer.train`` on CPU, ``use_cpu=True, bf16=False``)
-— with the hyperparameters of ``settings_mapping`` and the same training prompts in the same
-order (TRL's dataset is the rollwise task's train stream, ``shuffle_dataset=False``), scored by
-the same reward function object (the task's TRL-convention ``fn(prompts, completions,
-completion_ids, **columns)``).
+rollwise (``Trainer.fit``) and TRL (``GRPOTrainer.train`` on CPU, ``use_cpu=True``) — with the
+hyperparameters of ``settings_mapping`` and the same training prompts in the same order (TRL's
+dataset is the rollwise task's train stream, ``shuffle_dataset=False``), scored by the same
+reward function object (the task's TRL-convention ``fn(prompts, completions, completion_ids,
+**columns)``).
+
+**One precision** (``precision``): TRL gets the precision rollwise uses. ``auto``: where the
+CPU has native bf16 (``hardware.native_bf16``: AVX-512 BF16 or AMX) TRL runs with ``bf16=True``
+(autocast to bf16 for its generation and its update, fp32 master weights) and rollwise with
+``rollout.engine_dtype=auto`` (its engine's own bf16 copy where bf16 measures faster at the
+model's shapes, ``train/precision.py``); elsewhere both fp32. ``float32`` / ``bfloat16`` set both
+arms. Each arm's result and the table say what it ran in (rollwise: the engine's dtype and
+why; TRL: ``bf16``). The update: rollwise trains in fp32 (its master weights; no autocast).
 
 **Lockstep.** Both arms run in one process, each in its own thread, but never at the same
 time: a conductor hands a baton to one arm for one training step, then to the other, and who
@@ -63,11 +71,12 @@ from typing import Literal
 
 from pydantic import Field
 
+from rollwise import hardware
 from rollwise.bench.chat import CHAT_WORKLOADS, REWARDS, SMOLLM2, TEMPERATURES
 from rollwise.bench.chat import task_overrides as chat_task_overrides
 from rollwise.bench.harness import load_settings, session, table, warm_start
 from rollwise.bench.lockstep import Evaluator, Lockstep
-from rollwise.bench.trl_arms import RollwiseArm, TRLArm
+from rollwise.bench.trl_arms import RollwiseArm, TRLArm, precision_label, trl_bf16
 from rollwise.config import ConfigError, StrictModel
 
 ARMS = ("rollwise", "trl")
@@ -106,11 +115,15 @@ class TRLBenchConfig(StrictModel):
     trl_gradient_checkpointing: bool = Field(False, description="TRL's activation recomputation (TRL's own default "
                                              "is on; rollwise does not recompute, so off for equal work)")
     arms: list[Literal["rollwise", "trl"]] = Field(list(ARMS), min_length=1, description="which arms to run")
+    precision: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="both arms' precision: auto = bf16 where the CPU has native bf16 (rollwise "
+        "rollout.engine_dtype=auto, TRL bf16=True), else fp32; float32 / bfloat16 set both")
 
 
-def settings_mapping(cfg: TRLBenchConfig) -> list[tuple[str, str, str]]:
+def settings_mapping(cfg: TRLBenchConfig, info: hardware.CpuInfo | None = None) -> list[tuple[str, str, str]]:
     """(setting, rollwise key = value, TRL GRPOConfig field = value) for the docs and the JSON."""
     g, p, mb = cfg.num_generations, cfg.prompts_per_step, cfg.micro_batch_size
+    bf16 = trl_bf16(cfg.precision, info)
     chat = [
         ("model", f"model.path={cfg.model_path} (rollwise's loader; no SFT)",
          "AutoModelForCausalLM.from_pretrained(the loader's HF directory for it), float32"),
@@ -148,8 +161,10 @@ def settings_mapping(cfg: TRLBenchConfig) -> list[tuple[str, str, str]]:
          "none (the LM head is chunked only past optim.logits_budget_mb: never at this vocabulary)",
          f"activation_checkpointing (was gradient_checkpointing)={cfg.trl_gradient_checkpointing} "
          "(TRL's default: True)"),
-        ("device, precision", f"CPU, float32, model.threads={cfg.threads}",
-         f"use_cpu=True, bf16=False, float32, torch threads={cfg.threads}"),
+        ("device, precision", f"CPU, rollout.engine_dtype={cfg.precision} (the engine's own copy; the update in "
+         f"fp32), model.threads={cfg.threads}",
+         f"use_cpu=True, bf16={bf16}, fp16=False ({'bf16 autocast, fp32 master weights' if bf16 else 'float32'}), "
+         f"torch threads={cfg.threads}"),
     ]
 
 
@@ -246,7 +261,7 @@ def rollwise_overrides(cfg: TRLBenchConfig, seed: int, tmp: Path) -> list[str]:
         f"sft.steps={cfg.sft_steps}", f"sft.batch_size={cfg.sft_batch_size}",
         f"rollout.num_generations={cfg.num_generations}", f"rollout.prompts_per_step={cfg.prompts_per_step}",
         f"rollout.temperature={cfg.temperature}", "rollout.top_p=1.0", "rollout.top_k=0",
-        f"rollout.max_new_tokens={max_new_tokens(cfg)}",
+        f"rollout.max_new_tokens={max_new_tokens(cfg)}", f"rollout.engine_dtype={cfg.precision}",
         "objective.method=grpo", "objective.beta=0", "objective.tis_mode=none", "objective.epsilon=0.2",
         "objective.mask_truncated_completions=false",
         f"optim.lr={cfg.lr}", f"optim.micro_batch_size={cfg.micro_batch_size}", "optim.num_iterations=1",
@@ -293,13 +308,15 @@ def run_seed(cfg: TRLBenchConfig, seed: int, order: list[str], tmp: Path, consol
     return {name: arm.result() for name, arm in arms.items()}
 
 
-def trl_config(cfg: TRLBenchConfig, seed: int, out_dir: Path):
-    """TRL's ``GRPOConfig`` with the settings of ``settings_mapping``."""
+def trl_config(cfg: TRLBenchConfig, seed: int, out_dir: Path, info: hardware.CpuInfo | None = None):
+    """TRL's ``GRPOConfig`` with the settings of ``settings_mapping`` (``info``: the CPU ``precision=auto``
+    reads, default this one)."""
     from trl import GRPOConfig
 
     g, p, mb = cfg.num_generations, cfg.prompts_per_step, cfg.micro_batch_size
     return GRPOConfig(
-        output_dir=str(out_dir), use_cpu=True, bf16=False, fp16=False, seed=seed, data_seed=seed,
+        output_dir=str(out_dir), use_cpu=True, bf16=trl_bf16(cfg.precision, info), fp16=False, seed=seed,
+        data_seed=seed,
         max_steps=cfg.steps, per_device_train_batch_size=mb, gradient_accumulation_steps=g * p // mb,
         num_generations=g, max_completion_length=max_new_tokens(cfg), temperature=cfg.temperature,
         top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,
@@ -332,6 +349,7 @@ def summarize(cfg: TRLBenchConfig, seeds: dict) -> dict:
         arm["to_target_seconds"] = [h["train_seconds"] if h else None for h in hits]
         arm["to_target_steps"] = [h["step"] if h else None for h in hits]
         arm["per_seed_loop"] = [_mean([r["loop"] for r in run["steps"]]) for run in runs]
+        arm["precision"] = runs[0].get("precision")  # the same every seed (one CPU, one setting)
         out[name] = arm
     if set(names) == set(ARMS):
         r, t = out["rollwise"], out["trl"]
@@ -357,15 +375,19 @@ def print_results(console, cfg: TRLBenchConfig, out: dict) -> None:
     console.print(table(
         f"rollwise vs TRL GRPOTrainer, {cfg.workload} workload: seconds per step (mean of {cfg.steps} steps x "
         f"{len(cfg.seeds)} seeds, lockstep)",
-        ("arm", "s/step", "generate", "score", "update", "other", "completion tokens", "zero-signal groups",
-         "to target (s)", "steps"),
-        [[name, f"{a['loop']:.2f}", *(f"{a[k]:.2f}" for k in PHASES), f"{a['length']:.0f}", f"{a['zero_signal']:.0%}",
-          listed(a["to_target_seconds"], lambda x: f"{x:.0f}"), listed(a["to_target_steps"], str)]
+        ("arm", "precision", "s/step", "generate", "score", "update", "other", "completion tokens",
+         "zero-signal groups", "to target (s)", "steps"),
+        [[name, precision_label(a["precision"]), f"{a['loop']:.2f}", *(f"{a[k]:.2f}" for k in PHASES),
+          f"{a['length']:.0f}", f"{a['zero_signal']:.0%}", listed(a["to_target_seconds"], lambda x: f"{x:.0f}"),
+          listed(a["to_target_steps"], str)]
          for name, a in ((n, s[n]) for n in names)]))
     console.print(table(f"greedy accuracy at equal steps (mean over seeds, {cfg.eval_size} held-out prompts)",
                         ("arm", *map(str, s[names[0]]["accuracy_at"])),
                         [[name, *(f"{v:.1%}" for v in s[name]["accuracy_at"].values())] for name in names]))
     console.print(f"target accuracy {s['target']:.1%} ({s['target_rule']})")
+    if (s.get("rollwise") or {}).get("precision"):
+        reason = s["rollwise"]["precision"]["engine_dtype_reason"]
+        console.print(f"precision={cfg.precision}: rollwise's engine {reason}", highlight=False)
     if "step_ratio" in s:
         ratio = "n/a" if s["to_target_ratio"] is None else f"{s['to_target_ratio']:.2f}x"
         console.print(f"TRL / rollwise: {s['step_ratio']:.2f}x per step (per seed: "

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from rollwise import hardware
 from rollwise.bench.lockstep import Arm, rng_state
 from rollwise.types import Prompt
 
@@ -46,7 +47,17 @@ class RollwiseArm(Arm):
             self.trainer.fit(RunLimits(steps=self.last_step), on_step=on_step, on_eval=on_eval)
 
     def result(self) -> dict:
-        return super().result() | {"own_evals": self.own_evals}
+        return super().result() | {"own_evals": self.own_evals, "precision": self.precision()}
+
+    def precision(self) -> dict:
+        """What this arm sampled and trained in: the engine's dtype at the end (the mismatch guard may
+        have moved an ``auto`` bf16 engine to fp32: ``engine_fallback``) and the update's."""
+        t = self.trainer
+        # optim.compute_dtype (the update's autocast dtype) where this rollwise has it; else the weights' own
+        update = getattr(t, "compute_dtype", None) or next(t.model.parameters()).dtype
+        return {"engine_dtype": _name(t.guard.dtype), "engine_dtype_reason": t.engine_dtype_reason,
+                "engine_fallback": t.guard.fell_back, "update_dtype": _name(update),
+                "update_dtype_reason": getattr(t, "compute_dtype_reason", "the fp32 master weights (no autocast)")}
 
 
 class TRLArm(Arm):
@@ -96,6 +107,17 @@ class TRLArm(Arm):
     def loop(self) -> None:
         self.trainer.train()
 
+    def result(self) -> dict:
+        return super().result() | {"precision": self.precision()}
+
+    def precision(self) -> dict:
+        """TRL's ``bf16`` and what its accelerator made of it (``mixed_precision``: bf16 autocast
+        around the model's forward, in generation and in the update; the weights stay as loaded)."""
+        args = self.trainer.args
+        return {"bf16": bool(args.bf16), "dtype": "bfloat16" if args.bf16 else "float32",
+                "mixed_precision": str(self.trainer.accelerator.mixed_precision),
+                "weights": _name(next(self.model.parameters()).dtype)}
+
     def step_began(self) -> None:
         self.phase = {"generate": 0.0, "score": 0.0}
         self.step_start = time.perf_counter()
@@ -106,6 +128,32 @@ class TRLArm(Arm):
         self.step_done({**self.phase, "update": step - sum(self.phase.values()), "step": step,
                         "reward": m["reward"][-1], "length": m["completions/mean_length"][-1],
                         "zero_signal": m["frac_reward_zero_std"][-1]})
+
+
+def trl_bf16(precision: str, info: hardware.CpuInfo | None = None) -> bool:
+    """TRL's ``bf16`` for the bench's ``precision``: ``auto`` is bf16 where the CPU (``info``,
+    default this one) has native bf16, as rollwise's engine may then sample in bf16."""
+    if precision != "auto":
+        return precision == "bfloat16"
+    return hardware.native_bf16(info or hardware.cpu_info())
+
+
+SHORT = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def precision_label(p: dict | None) -> str:
+    """An arm's precision in a table cell: rollwise's engine and update dtypes, TRL's bf16 flag."""
+    if not p:
+        return "-"
+    if "engine_dtype" in p:
+        fallback = " (fell back)" if p["engine_fallback"] else ""
+        return f"engine {SHORT.get(p['engine_dtype'], p['engine_dtype'])}{fallback}, " \
+               f"update {SHORT.get(p['update_dtype'], p['update_dtype'])}"
+    return "bf16 autocast" if p["bf16"] else "fp32"
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _trl_clock(arm: TRLArm):

@@ -96,7 +96,7 @@ def test_teacher_forcing_reproduces_the_engines_own_logprobs(tiny):
     from rollwise.engine.slots import SlotEngine
 
     model, tok = tiny
-    prompts = [p for p, _ in _seqs(3)]
+    prompts = [[5, 6, 7, 8, 9] + p for p, _ in _seqs(3)]  # a shared prefix: prefilled once, copied to every row
     engine = SlotEngine(model, pad_token_id=tok.pad_token_id, max_batch_size=4, seed=0)
     with torch.no_grad():
         outs = engine.generate([Request(p, SamplingParams(max_new_tokens=6)) for p in prompts])

@@ -109,13 +109,26 @@ def teacher_logits(fwd, seqs: list[tuple[list[int], list[int]]]) -> Iterator[tup
     m, lens = len(seqs), [len(p) for p, _ in seqs]
     width, steps = max(lens), max(len(c) for _, c in seqs)
     kv = fwd.new_cache(m, width + steps)
-    ids = torch.tensor([p + [0] * (width - len(p)) for p, _ in seqs], device=fwd.device)  # pad: masked below
+    # a prefix every prompt shares (a chat template's system prompt) is prefilled once and copied, as the
+    # engine does; each row keeps at least its last prompt token to prefill
+    start = _common_prefix([p for p, _ in seqs], min(lens) - 1)
+    if start:
+        fwd.prefill(kv, torch.tensor([seqs[0][0][:start]], device=fwd.device), [start], 0)
+        kv.copy_rows([0] * (m - 1), list(range(1, m)), start)
+    ids = torch.tensor([p[start:] + [0] * (width - len(p)) for p, _ in seqs], device=fwd.device)  # pad: masked
     valid = lambda t: torch.tensor([t < len(c) for _, c in seqs], device=fwd.device)  # noqa: E731
-    yield fwd.prefill(kv, ids, lens, 0).float(), valid(0)
+    yield fwd.prefill(kv, ids, [n - start for n in lens], 0, start).float(), valid(0)
     for t in range(steps - 1):
         tokens = torch.tensor([c[t] if t < len(c) else 0 for _, c in seqs], device=fwd.device)
         pos = torch.tensor([n + t for n in lens], device=fwd.device)
         yield fwd.decode(kv, tokens, pos, [(0, m, int(pos.max()) + 1)]).float(), valid(t + 1)
+
+
+def _common_prefix(rows: list[list[int]], limit: int) -> int:
+    n = 0
+    while n < limit and all(r[n] == rows[0][n] for r in rows):
+        n += 1
+    return n
 
 
 def compare(forwards: dict, seqs: list[tuple[list[int], list[int]]], batch_size: int, status=None,

@@ -1,8 +1,8 @@
 """``rollwise bench ablate``: the ablation ledger — every method id against the ``grpo``/``group`` baseline.
 
 An arm is ``<stage>:<id>`` — ``objective:<preset>``, ``strategy:<id>``, ``control:<id>``,
-``replay:<id>`` — and changes exactly one config line of the baseline (GRPO, independent
-group sampling, no control, no replay). ``<stage>:<id>@<regime>`` measures it in an off-policy
+``replay:<id>``, ``reward:<id>`` (``rewards=[{name: <id>}]``) — and changes exactly one config
+line of the baseline (GRPO, independent group sampling, no control, no replay, the task's reward). ``<stage>:<id>@<regime>`` measures it in an off-policy
 regime (``REGIMES``: ``epochs2`` = two optimizer passes per batch, ``async1`` = async with
 staleness 1, ``replay`` = rollout replay) against the baseline in that regime
 (``baseline@<regime>``); ``regime:<regime>`` is the regime itself (the baseline there) against the
@@ -55,9 +55,12 @@ from rollwise.report.runs import read_jsonl
 
 BASELINE = "baseline"
 STAGE_KEYS = {"objective": "objective.method", "strategy": "rollout.strategy", "control": "control.method",
-              "replay": "replay.method"}
+              "replay": "replay.method", "reward": "rewards"}  # reward:<name> = rewards=[{name: <name>}]
+# reward ids measured as arms (the task's verifier replaced; a task the reward does not score refuses the arm)
+REWARD_ARMS = ("fapo", "majority_vote")
 # what an arm needs besides its one line (method-specific requirements)
-ARM_EXTRAS = {"objective:mc_grpo": ["rollout.num_generations=7"]}
+ARM_EXTRAS = {"objective:mc_grpo": ["rollout.num_generations=7"],
+              "reward:majority_vote": ["task.labels=none"]}  # label-free: training never sees the answers
 # off-policy regimes: where the ratio pi_theta / pi_old departs from 1 (async also sets its threads, in _run)
 REGIMES = {"epochs2": ["optim.num_iterations=2"], "async1": ["train.mode=async", "train.max_staleness=1"],
            "replay": ["replay.method=rollout_replay"]}
@@ -96,7 +99,7 @@ def default_arms(regimes: list[str] = ("epochs2", "async1")) -> list[str]:
 
     return ([f"objective:{n}" for n in distinct_presets()] + [f"strategy:{n}" for n in STRATEGIES if n != "group"]
             + [f"control:{n}" for n in CONTROLLERS if n != "none" and n not in EPISODES_ONLY]  # single-turn tasks
-            + [f"replay:{n}" for n in REPLAY_METHODS if n != "none"]
+            + [f"replay:{n}" for n in REPLAY_METHODS if n != "none"] + [f"reward:{n}" for n in REWARD_ARMS]
             + [f"objective:{n}@{r}" for r in regimes for n in ratio_presets()])
 
 
@@ -168,8 +171,13 @@ def arm_lines(arm: str) -> list[str]:
         lines = []
         for part in body.split("+"):
             stage, _, name = part.partition(":")
-            lines += REGIMES[name] if stage == "regime" else [f"{STAGE_KEYS[stage]}={name}", *ARM_EXTRAS.get(part, [])]
+            lines += REGIMES[name] if stage == "regime" else [stage_line(stage, name), *ARM_EXTRAS.get(part, [])]
     return lines + (REGIMES[regime] if regime else [])
+
+
+def stage_line(stage: str, name: str) -> str:
+    """The config line of ``stage:name`` (``reward:fapo`` → ``rewards=[{name: fapo}]``)."""
+    return f"rewards=[{{name: {name}}}]" if stage == "reward" else f"{STAGE_KEYS[stage]}={name}"
 
 
 def all_arms(cfg: AblateBenchConfig) -> list[str]:

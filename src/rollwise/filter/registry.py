@@ -33,10 +33,12 @@ def builtin_rewards(sandbox=None) -> dict[str, Callable]:
 
     bound = {name: functools.update_wrapper(functools.partial(getattr(code, name), sandbox=sandbox),
                                             getattr(code, name)) for name in CODE_REWARDS}
+    from rollwise.filter.fapo import Fapo
     from rollwise.filter.judge import Judge
 
     return {"arith": arith_reward, "countdown": countdown_reward, "math_answer": math_answer, "majority_vote": majority_vote, **bound,
-            "judge": Judge}  # built from its rewards[].judge section (resolve_rewards)
+            "judge": Judge,  # built from its rewards[].judge section (resolve_rewards)
+            "fapo": Fapo()}  # scores whole groups (score_groups)
 
 
 def reward_function(spec: str, key: str, known: dict[str, Callable]) -> tuple[str, Callable]:
@@ -50,8 +52,11 @@ def reward_function(spec: str, key: str, known: dict[str, Callable]) -> tuple[st
                       "nor an importable 'package.module:function'")
 
 
-def configured(rc, i: int, known: dict[str, Callable]) -> tuple[str, Callable]:
+def configured(rc, i: int, known: dict[str, Callable], task=None) -> tuple[str, Callable]:
     """(name, function) of ``rewards[i]``: a judge built from its section, else ``reward_function``."""
+    if rc.name == "fapo" and task is not None and task.name != "arith":
+        raise ConfigError(f"rewards[{i}]: fapo's flaw detector reads arith's column working; it scores "
+                          f"task.name=arith only (this run's task is {task.name})")
     if rc.name == "judge":
         from rollwise.filter.judge import Judge
 
@@ -74,7 +79,7 @@ def resolve_rewards(configs, task, sandbox=None, warn: bool = True) -> tuple[lis
         fns = [RewardFn(name, fn) for name, fn in task.rewards.items()]
     else:
         known = {**builtin_rewards(sandbox), **task.rewards}
-        fns = [RewardFn(*configured(rc, i, known), rc.weight) for i, rc in enumerate(configs)]
+        fns = [RewardFn(*configured(rc, i, known, task), rc.weight) for i, rc in enumerate(configs)]
         if not fns:
             raise ConfigError("rewards is an empty list; remove it to use the task's own rewards")
     judged = [f for f in fns if f.fn is not majority_vote]  # majority_vote reads the judge's answers: never it
@@ -89,7 +94,7 @@ def resolve_rewards(configs, task, sandbox=None, warn: bool = True) -> tuple[lis
         if f.fn is majority_vote:  # bound to the judge: it asks the judge what each completion answered
             f.fn = MajorityVote(judge, configs[i].majority_vote)
     if warn and not any(f.fn is judge.fn or f.name == judge.name or getattr(f.fn, "verifier", None) is judge
-                        for f in fns):
+                        or getattr(f.fn, "verifier_name", None) == judge.name for f in fns):  # fapo: arith's check
         log.warning("the eval judge '%s' is not among this run's training rewards (%s): eval accuracy, pass@k and "
                     "maj@k measure what training does not reward. The judge is task.reward (task.name: file; "
                     "unset: the first of rewards:), else the task's own verifier", judge.name,

@@ -141,3 +141,14 @@ def test_the_report_plots_pseudo_label_accuracy():
     groups = group_metrics(["train/pseudo_label_acc", "majority_vote/skipped", "reward/mean"])
     assert groups["label-free"] == ["majority_vote/skipped", "train/pseudo_label_acc"]
     assert key_rank("train/pseudo_label_acc") is not None
+
+
+def test_majority_vote_is_a_ledger_arm():
+    """``reward:majority_vote`` is a default arm of ``rollwise bench ablate``: label-free, its config valid."""
+    from rollwise.bench.ablate import arm_lines, default_arms
+
+    assert "reward:majority_vote" in default_arms()
+    lines = arm_lines("reward:majority_vote")
+    assert lines == ["rewards=[{name: majority_vote}]", "task.labels=none"]
+    cfg = load_run_config(None, lines)
+    assert cfg.task.labels == "none" and [r.name for r in cfg.rewards] == ["majority_vote"]

@@ -344,7 +344,8 @@ def test_hostile_text_renders_as_text(runs):
     # a multi-turn episode is shown as its conversation: turns and tool results in order, escaped
     (conversation,) = dom.by_id("samples").find_all("div", cls="conversation")  # an eval episode
     turns = conversation.find_all("div", cls="turn")
-    assert [t.find_all("span", cls="role")[0].text() for t in turns] == ["assistant", "tool calculate", "assistant"]
+    assert [t.find_all("span", cls="role")[0].text() for t in turns] == [
+        "assistant · tool call", "tool result · calculate", "assistant · final turn (what the reward reads)"]
     assert [t.find_all("pre")[0].text() for t in turns] == [m["content"] for m in EPISODE]
     assert any(code.text() == HOSTILE for code in dom.by_id("trees").find_all("code"))
     raw = out.read_text()

@@ -76,9 +76,12 @@ def test_evenly_spaced_keeps_first_and_last():
 
 
 def test_metrics_go_to_their_groups():
-    names = ["kl", "kl_prox", "reward/mean", "dist/workers", "time/weight_sync", "staleness/max", "zzz"]
+    names = ["kl", "kl_prox", "reward/mean", "dist/workers", "time/weight_sync", "staleness/max", "zzz",
+             "episode/parse", "episodes/failed", "harness/calls_mean"]
     grouped = group_metrics(names)
-    assert grouped == {"reward": ["reward/mean"], "kl": ["kl", "kl_prox"], "strategy": ["staleness/max"],
+    assert grouped == {"reward": ["reward/mean"],
+                       "episodes": ["episode/parse", "episodes/failed", "harness/calls_mean"],
+                       "kl": ["kl", "kl_prox"], "strategy": ["staleness/max"],
                        "dist": ["dist/workers"], "time": ["time/weight_sync"], "other": ["zzz"]}
 
 
@@ -143,7 +146,7 @@ def test_episode_messages_with_calls_and_content_parts(tmp_path):
     logged = jsonl(tmp_path / "rollouts.jsonl")[0]["rollouts"][0]["messages"]
     assert [m["content"] for m in logged] == ["", "42", "42"] and logged[0]["tool_calls"] == calls
     for html in (completion_html({"messages": messages}), completion_html({"messages": logged})):
-        assert "None" not in html and html.count("<pre>42</pre>") == 2 and "tool calculate" in html
+        assert "None" not in html and html.count("<pre>42</pre>") == 2 and "tool result · calculate" in html
         assert "calculate({&quot;expression&quot;: &quot;6*7&quot;})" in html  # the call as made, escaped
 
 

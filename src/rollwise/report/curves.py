@@ -21,6 +21,8 @@ from rollwise.report.runs import Run
 # followed by "_" or "/" (kl → kl, kl_prox). A metric goes to the first group that matches it.
 GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
     ("reward", "Reward", ("reward/", "train/pass_rate")),
+    ("episodes", "Episodes and tool use (tool calls, parse failures and call errors, turns, failed episodes)",
+     ("episode/", "episodes/", "harness/")),
     ("label-free", "Label-free RL: pseudo-label accuracy, labelled and skipped groups (majority_vote)",
      ("train/pseudo_label_acc", "majority_vote/")),
     ("eval", "Eval accuracy, pass@k and maj@k", ("eval/",)),
@@ -62,6 +64,9 @@ def group_metrics(names: list[str]) -> dict[str, list[str]]:
 # the curves shown first, in this order: a metric matches the first pattern it fits (``key_rank``)
 KEY = ("eval/accuracy", "eval/pass@", "eval/maj@", "reward/mean", "train/pass_rate", "reward/*", "reward/std",
        "train/pseudo_label_acc",  # label-free RL (majority_vote): is the pseudo-label right?
+       # episodes (an agent run): what a user watches first after the reward
+       "episode/tool_calls_mean", "episode/parse_failure_rate", "episode/call_error_rate", "episode/turns_mean",
+       "harness/calls_mean", "episodes/failed",
        "groups/zero_signal", "length/mean", "length/truncated", "kl", "entropy", "loss")
 SMOOTH_FROM = 20  # points; shorter series are drawn raw (with markers)
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from html import escape
 
 from rollwise.report.runs import MISSING, Run
@@ -57,19 +58,86 @@ def _calls_text(calls) -> str:
     return "\n".join(lines)
 
 
+# a call block as the built-in formats write it: a tag naming a call (<call>…</call>, <tool_call>…</tool_call>),
+# to its closing tag or the end of the turn (an unclosed call). The report shows it marked; it parses nothing.
+CALL_BLOCK = re.compile(r"<(\w*call\w*)>.*?(?:</\1>|\Z)", re.DOTALL)
+
+
+def marked_calls(text: str) -> str:
+    """``text`` escaped, each call block in it wrapped in ``<mark class="call">``.
+
+    >>> marked_calls('so <call>f("<")</call>.')
+    'so <mark class="call">&lt;call&gt;f(&quot;&lt;&quot;)&lt;/call&gt;</mark>.'
+    """
+    out, last = [], 0
+    for m in CALL_BLOCK.finditer(text):
+        out += [esc(text[last:m.start()]), f"<mark class=\"call\">{esc(m.group(0))}</mark>"]
+        last = m.end()
+    return "".join(out) + esc(text[last:])
+
+
+def is_error(message: dict) -> bool:
+    """A tool message that reports an error (rollwise's tool errors start ``Error:``)."""
+    return content_text(message.get("content")).lstrip().startswith("Error:")
+
+
+def _label(messages: list[dict], i: int) -> tuple[str, str]:
+    """(css classes, label) of turn ``i``: a call turn, the final turn, a tool result or a tool error."""
+    m = messages[i]
+    role = str(m.get("role", ""))
+    if role == "tool":
+        name = f" · {m['name']}" if m.get("name") else ""
+        return ("tool error", f"tool error{name}") if is_error(m) else ("tool", f"tool result{name}")
+    if role != "assistant":
+        return role, role
+    nxt = next((n for n in messages[i + 1:] if isinstance(n, dict)), None)
+    if m.get("tool_calls") or (nxt is not None and nxt.get("role") == "tool"):
+        return "assistant call", "assistant · tool call"
+    if nxt is None:
+        return "assistant final", "assistant · final turn (what the reward reads)"
+    return role, role
+
+
+def turn_html(classes: str, label: str, body: str, pre_class: str = "", after: str = "") -> str:
+    """One turn: its label, its text (``body``, already escaped) and ``after`` it (the OpenAI calls)."""
+    cls = f" class=\"{pre_class}\"" if pre_class else ""
+    return (f"<div class=\"turn {esc(classes)}\"><span class=\"role\">{esc(label)}</span><pre{cls}>{body}</pre>"
+            f"{after}</div>")
+
+
+def prompt_html(record: dict, episode: bool) -> str:
+    """The prompt's text in a ``<pre class="prompt">``; for an episode as the conversation's first turn, the user's."""
+    text = esc(str(record.get("prompt", "")))
+    if not episode:
+        return f"<pre class=\"prompt\">{text}</pre>"
+    return f"<div class=\"prompt-turns\">{turn_html('user', 'user', text, 'prompt')}</div>"
+
+
+def episode_meta(record: dict) -> str:
+    """`` · 2 turns · 1 tool result (1 error)`` for an episode; "" for a single completion."""
+    messages = [m for m in record.get("messages") or [] if isinstance(m, dict)]
+    if not messages:
+        return ""
+    turns = sum(m.get("role") == "assistant" for m in messages)
+    tools = [m for m in messages if m.get("role") == "tool"]
+    errors = sum(is_error(m) for m in tools)
+    said = f" · {turns} turn{'s' * (turns != 1)} · {len(tools)} tool result{'s' * (len(tools) != 1)}"
+    return said + (f" ({errors} error{'s' * (errors != 1)})" if errors else "")
+
+
 def completion_html(record: dict) -> str:
     """The completion; a multi-turn episode (``messages``) as its conversation: each assistant turn and
-    tool result in order, the tool calls as the model wrote them."""
+    tool result in order, the calls marked in the text (and OpenAI ``tool_calls`` as the model made them),
+    tool errors apart from results, the final turn (what the reward read) named."""
     messages = record.get("messages")
     if not isinstance(messages, list) or not messages:
         return f"<pre class=\"completion\">{esc(str(record.get('completion', '')))}</pre>"
+    messages = [m for m in messages if isinstance(m, dict)]
     turns = []
-    for m in messages:
-        if not isinstance(m, dict):
-            continue
-        role = str(m.get("role", ""))
-        who = f"tool {m.get('name', '')}" if role == "tool" else role
+    for i, m in enumerate(messages):
+        classes, label = _label(messages, i)
+        text = content_text(m.get("content"))
+        body = marked_calls(text) if m.get("role") == "assistant" else esc(text)
         calls = f"<pre class=\"calls\">{esc(_calls_text(m['tool_calls']))}</pre>" if m.get("tool_calls") else ""
-        turns.append(f"<div class=\"turn {esc(role)}\"><span class=\"role\">{esc(who)}</span>"
-                     f"<pre>{esc(content_text(m.get('content')))}</pre>{calls}</div>")
+        turns.append(turn_html(classes, label, body, after=calls))
     return f"<div class=\"conversation\">{''.join(turns)}</div>"

@@ -42,6 +42,8 @@ pre { white-space: pre-wrap; word-break: break-word; margin: 2px 0; background: 
 .meta { color: #666; font-size: 12px; }
 .turn { margin: 4px 0 4px 12px; } .turn .role { color: #666; font-size: 12px; }
 .turn.tool pre { background: #eef7ee; } .turn.assistant pre { background: #f7f7f9; }
+.turn.user pre { background: #f1f1f4; } .turn.error pre { background: #fdecea; } .turn.error .role { color: #c62828; }
+.turn.final .role { color: #1d1d1f; font-weight: 600; } mark.call { background: #e3ecfa; color: #0b3d91; }
 """
 
 

@@ -8,7 +8,7 @@ collapsed card whose summary is its verdict at each eval. With scripts off every
 
 from __future__ import annotations
 
-from rollwise.report.html import completion_html, esc, mark, num, reasons
+from rollwise.report.html import completion_html, episode_meta, esc, mark, num, prompt_html, reasons
 from rollwise.report.runs import Run, sample_correct
 
 STEPS_SHOWN = 8
@@ -45,16 +45,18 @@ def _rollout_row(i: int, r: dict) -> str:
             f"<td>{i}</td><td>{mark(ok)} {num(r.get('reward'))}</td>"
             f"<td class=\"advantage\">{num(r.get('advantage'))}</td>"
             f"<td class=\"reasons\">{_components(r)}</td><td>{completion_html(r)}<span class=\"meta\">"
-            f"{esc(str(r.get('finish_reason')))} · {esc(str(r.get('tokens')))} tokens</span></td></tr>")
+            f"{esc(str(r.get('finish_reason')))} · {esc(str(r.get('tokens')))} tokens{esc(episode_meta(r))}</span>"
+            "</td></tr>")
 
 
 def _group_html(g: dict) -> str:
     spread = ("no reward spread: advantages 0, nothing trained on this group" if g.get("zero_signal")
               else "rewards spread: trained")
     rows = "".join(_rollout_row(i, r) for i, r in enumerate(g.get("rollouts") or [], 1))
+    episode = any(r.get("messages") for r in g.get("rollouts") or [])  # shown as a conversation from the prompt on
     return (f"<div class=\"group\" data-prompt-id=\"{esc(str(g.get('prompt_id')))}\"><div class=\"meta\">prompt "
             f"{esc(str(g.get('prompt_id')))} · answer <code>{esc(str(g.get('answer')))}</code> · pass rate "
-            f"{num(g.get('pass_rate'), 2)} · {spread}</div><pre class=\"prompt\">{esc(str(g.get('prompt', '')))}</pre>"
+            f"{num(g.get('pass_rate'), 2)} · {spread}</div>{prompt_html(g, episode)}"
             "<table class=\"rollouts\"><tr><th>#</th><th>reward</th><th>advantage</th><th>reward functions: value — "
             f"reason</th><th>completion</th></tr>{rows}</table></div>")
 
@@ -101,6 +103,7 @@ def _eval_card(prompt: str, answer: str, entries: list[tuple[Run, dict]], multi:
     trail = " ".join(("✓" if sample_correct(s) else "✗") for _, s in entries)
     first_line = prompt.strip().splitlines()[0] if prompt.strip() else ""
     first_line = first_line if len(first_line) <= 100 else first_line[:100] + "…"
+    episode = any(s.get("messages") for _, s in entries)  # shown as a conversation from the prompt on
     rows = []
     for run, s in entries:
         ok = sample_correct(s)
@@ -108,10 +111,11 @@ def _eval_card(prompt: str, answer: str, entries: list[tuple[Run, dict]], multi:
         rows.append(f"<div class=\"sample {'correct' if ok else 'wrong'}\" "
                     f"data-correct=\"{'true' if ok else 'false'}\" "
                     f"data-run=\"{esc(run.name)}\" data-step=\"{esc(str(s.get('step')))}\"><div class=\"meta\">{who}"
-                    f"step {esc(str(s.get('step')))} · {mark(ok)} reward {num(s.get('reward'))}</div>"
+                    f"step {esc(str(s.get('step')))} · {mark(ok)} reward {num(s.get('reward'))}"
+                    f"{esc(episode_meta(s))}</div>"
                     f"{completion_html(s)}<div class=\"reasons\">{reasons(s.get('reasons'))}</div></div>")
     return (f"<details class=\"eval-prompt\"><summary><code>{esc(first_line)}</code> · answer <code>{esc(answer)}"
-            f"</code> · <span class=\"trail\">{trail}</span></summary><pre class=\"prompt\">{esc(prompt)}</pre>"
+            f"</code> · <span class=\"trail\">{trail}</span></summary>{prompt_html(entries[0][1], episode)}"
             + "".join(rows) + "</details>")
 
 

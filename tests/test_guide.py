@@ -117,7 +117,8 @@ def test_a_conversational_prompt_gets_the_hint_in_its_last_user_message():
 def test_the_correction_by_hand():
     """Guided tokens with π_θ(y|x) = [.5, .9], π_old(y|x⊕h) = [.8, .3], A = 1, one row: the update weights
     them min(π_θ/π_old, 2) = [.625, 2] (3 truncated at 2), and seq_mean_token_mean gives each token 1/2:
-    dL/dℓ_θ = −A·w/2 = [−.3125, −1]. (The default sync correction, sequence_mask, would give [−.5, −.5].)"""
+    dL/dℓ_θ = −A·w/2 = [−.3125, −1]. (The default sync correction, sequence_mask, would give
+    [−.5, −.5].)"""
     cfg = load_run_config(None, ["rollout.strategy=guide"]).objective
     assert (cfg.tis_mode, cfg.tis_cap) == ("token_truncate", 2.0)
     policy = torch.log(torch.tensor([[0.5, 0.9]])).requires_grad_()

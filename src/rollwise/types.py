@@ -26,6 +26,21 @@ def is_correct(score: float) -> bool:
     return score > CORRECT_ABOVE
 
 
+def jaccard(a: list[int], b: list[int], n: int) -> float:
+    """The one definition of how alike two completions are: the Jaccard similarity of their token n-gram
+    sets (1.0 when both have none and are equal). LATR prunes look-alike branches with it, DaGRPO masks
+    look-alike pairs.
+
+    >>> jaccard([1, 2, 3, 4, 5], [1, 2, 3, 4, 9], 4)
+    0.3333333333333333
+    """
+    ga = {tuple(a[i : i + n]) for i in range(len(a) - n + 1)}
+    gb = {tuple(b[i : i + n]) for i in range(len(b) - n + 1)}
+    if not ga and not gb:
+        return 1.0 if a == b else 0.0
+    return len(ga & gb) / len(ga | gb)
+
+
 ZERO_STD = 1e-6  # relative: a group whose reward std is at most ZERO_STD·max(1, |mean|) has no spread
 
 
@@ -133,6 +148,7 @@ class Rollout:
     failure: str | None = None  # why the rollout could not be scored (a harness that raised or hung): reward 0
     # majority_vote: a confident pseudo-label's positive advantages are multiplied by this (1 − share; optim)
     positive_advantage_scale: float = 1.0
+    value_baseline: float | None = None  # poise: b_i, the value probe's estimate from the group's other rollouts
     # guided exploration (generate/guide.py, nudge.py): the context the rollout was sampled under — a hint, a
     # strategy — prepended to the prompt; ``prompt_ids`` are the bare prompt's all the same (it trains on x, its
     # behaviour log-probs are those under x⊕context: the IS weight corrects the gap). None = sampled from x itself

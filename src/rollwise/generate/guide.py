@@ -103,7 +103,8 @@ class GuideSampler(GroupSampler):
                 hint = hint_for(g.prompt, self.guide.hint, rounds.demonstrate)
                 if hint is not None:
                     todo.append((g, hint))
-        metrics = {"guide/failed_groups": float(sum(failed(g) for g in groups)), "guide/guided_groups": float(len(todo))}
+        metrics = {"guide/failed_groups": float(sum(failed(g) for g in groups)),
+                   "guide/guided_groups": float(len(todo))}
         if not todo:
             return metrics | {"guide/guided_rollouts": 0.0, "guide/guided_correct": 0.0, "guide/tokens": 0.0}
         prompts = [with_context(g.prompt, hint, self.guide.template, rounds.encode) for g, hint in todo]

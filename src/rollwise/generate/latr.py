@@ -37,7 +37,7 @@ from rollwise.engine.protocol import BranchingEngine
 from rollwise.engine.sampling import SamplingParams
 from rollwise.generate.base import Generator
 from rollwise.generate.forest import Forest
-from rollwise.types import Prompt, RolloutGroup
+from rollwise.types import Prompt, RolloutGroup, jaccard  # noqa: F401 (jaccard: the one definition, DaGRPO's too)
 
 
 class LatrConfig(StrictModel):
@@ -46,15 +46,6 @@ class LatrConfig(StrictModel):
     lookahead: int = Field(64, ge=1, description="tokens both children decode before the similarity check")
     ngram: int = Field(4, ge=1, description="n of the n-gram sets compared")
     prune_similarity: float = Field(0.8, ge=0, le=1, description="drop the new branch above this Jaccard similarity")
-
-
-def jaccard(a: list[int], b: list[int], n: int) -> float:
-    """Jaccard similarity of the n-gram sets of two token lists (1.0 when both have none and are equal)."""
-    ga = {tuple(a[i : i + n]) for i in range(len(a) - n + 1)}
-    gb = {tuple(b[i : i + n]) for i in range(len(b) - n + 1)}
-    if not ga and not gb:
-        return 1.0 if a == b else 0.0
-    return len(ga & gb) / len(ga | gb)
 
 
 @dataclass

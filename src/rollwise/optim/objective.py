@@ -7,10 +7,11 @@ the 1/|y| term; ``dapo_clip_higher`` is clip-higher + ``token_mean`` + overlong 
 ``dapo`` the whole method — that plus truncated-completion masking here and dynamic sampling,
 which the run config turns on in ``control`` (``rollwise.train.config``); ``gspo`` the
 sequence-level ratio with the paper's tiny clip; ``cispo`` and ``sapo`` swap the clip for a
-clipped IS weight or a soft gate; ``rloo``, ``reinforce_pp_baseline``, ``mc_grpo``, ``drpo``
-swap the advantage estimator, and ``gigpo`` adds a per-turn term to multi-turn episodes'
-tokens; ``ace`` and ``novelty_sharpen`` shape advantages; ``minpro`` weights tokens by the
-prefix's minimum ratio; ``high_entropy_steps`` keeps the high-entropy tokens. A preset only
+clipped IS weight or a soft gate; ``rloo``, ``reinforce_pp_baseline``, ``mc_grpo``, ``drpo``,
+``dagrpo`` (GRPO without its look-alike pairs) swap the advantage estimator, and ``gigpo`` adds a
+per-turn term to multi-turn episodes' tokens; ``ace`` and ``novelty_sharpen`` shape advantages;
+``minpro`` weights tokens by the prefix's minimum ratio; ``high_entropy_steps`` keeps the
+high-entropy tokens. A preset only
 fills the fields a recipe leaves unset, and the resolved values are what ``config.yaml``
 records. Names follow TRL's ``GRPOConfig`` where it has one (``scale_rewards``, ``epsilon``,
 ``epsilon_high``, ``beta``, ``mask_truncated_completions``, ``importance_sampling_level``,
@@ -44,6 +45,7 @@ from rollwise.optim.advantages import (
     tree_node_advantages,
 )
 from rollwise.optim.batch import episode_tokens
+from rollwise.optim.dagrpo import dagrpo_advantages
 from rollwise.optim.correction import IS_WEIGHT_MODES, TISMode, behavior_weights
 from rollwise.optim.losses import (
     ISLevel,
@@ -76,6 +78,10 @@ PRESETS: dict[str, dict] = {
     "cispo": {"policy_loss": "cispo", "scale_rewards": "group", "loss_agg": "token_mean", "epsilon_high": 0.28},
     "mc_grpo": {"advantage": "median", "scale_rewards": "none", "loss_agg": "seq_mean_token_mean"},
     "drpo": {"advantage": "drpo", "scale_rewards": "none", "loss_agg": "seq_mean_token_mean"},
+    # r − b, b from a value probe on the policy's hidden states of the group's other rollouts (optim/poise.py)
+    "poise": {"advantage": "poise", "scale_rewards": "none", "loss_agg": "seq_mean_token_mean"},
+    # GRPO's pairwise form with look-alike pairs (4-gram Jaccard > .8) left out (optim/dagrpo.py)
+    "dagrpo": {"advantage": "dagrpo", "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
     # GRPO + GiGPO's step term on multi-turn episodes (Rollout.turns); exactly GRPO where no state repeats
     "gigpo": {"advantage": "gigpo", "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
     "sapo": {"policy_loss": "sapo", "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
@@ -93,7 +99,7 @@ PRESET_SECTIONS: dict[str, dict[str, dict]] = {"dapo": {"control": {"method": "d
 # the correction a run that trains tokens sampled by older policies gets when neither its recipe nor
 # its preset sets tis_mode: AReaL's decoupled PPO weight sg(min(pi_prox/mu, 2)) per token
 STALE_TOKEN_OBJECTIVE = {"tis_mode": "token_truncate"}
-Advantage = Literal["group", "rloo", "reinforce_pp", "median", "drpo", "gigpo"]
+Advantage = Literal["group", "rloo", "reinforce_pp", "median", "drpo", "gigpo", "poise", "dagrpo"]
 
 
 class ObjectiveConfig(StrictModel):
@@ -101,8 +107,9 @@ class ObjectiveConfig(StrictModel):
 
     method: Literal[tuple(PRESETS)] = Field("grpo", description="preset of the fields below (`rollwise list objectives`)")
     advantage: Advantage = Field("group", description="estimator: group (GRPO, with scale_rewards), rloo, "
-                                 "reinforce_pp (REINFORCE++-baseline), median (MC-GRPO: sample G+1), drpo, gigpo "
-                                 "(GRPO + a per-turn anchor-state term)")
+                                 "reinforce_pp (REINFORCE++-baseline), median (MC-GRPO: sample G+1), drpo, "
+                                 "poise (r - a value probe's cross-rollout baseline), gigpo "
+                                 "(GRPO + a per-turn anchor-state term), dagrpo (look-alike pairs left out)")
     shaping: list[Literal["ace", "novelty_sharpen"]] = Field([], description="advantage shaping after the estimator")
     scale_rewards: ScaleRewards | None = Field(None, description="advantage divisor: group std, batch std, or none")
     loss_agg: LossAgg | None = Field(None, description="how per-token losses reduce to a scalar")
@@ -137,6 +144,13 @@ class ObjectiveConfig(StrictModel):
     tree_mix: float = Field(0.5, ge=0, le=1, description="tree_adv weight of the fork-relative (local) term")
     gigpo_gamma: float = Field(0.95, ge=0, le=1, description="gigpo: discount of the per-turn returns z-scored "
                                "within anchor states")
+    poise_hidden: int = Field(64, ge=1, description="poise: width of the value probe's hidden layer")
+    poise_buffer: int = Field(4096, ge=1, description="poise: recent rollouts the value probe is fit on")
+    poise_steps: int = Field(50, ge=1, description="poise: Adam steps per refit of the value probe (once a step)")
+    poise_lr: float = Field(0.01, gt=0, description="poise: the value probe's learning rate")
+    dagrpo_ngram: int = Field(4, ge=1, description="dagrpo: n of the token n-grams two completions are compared by")
+    dagrpo_similarity: float = Field(0.8, ge=0, le=1, description="dagrpo: pairs whose n-gram Jaccard similarity "
+                                     "is above this are not compared")
 
     @model_validator(mode="before")
     @classmethod
@@ -225,6 +239,16 @@ def _median(rollouts, rewards, group_ids, cfg):
     return (*median_advantages(rewards, group_ids), None)  # the pivots get no gradient
 
 
+def _poise(rollouts, rewards, group_ids, cfg):
+    """r − b, b the value probe's cross-rollout baseline the trainer set (``optim/poise.py``)."""
+    from rollwise.optim.poise import poise_advantages
+
+    if any(r.value_baseline is None for r in rollouts):
+        raise ValueError("objective.advantage=poise needs each rollout's value_baseline (the Trainer's value probe "
+                         "sets it: optim.poise.ValueBaseline.assign)")
+    return poise_advantages(rewards, torch.tensor([r.value_baseline for r in rollouts], dtype=rewards.dtype))
+
+
 def _gigpo(rollouts, rewards, group_ids, cfg):
     """A^E [N] and A^S per turn (None for a rollout without turns: plain GRPO)."""
     turns = [r.turns for r in rollouts]
@@ -246,6 +270,9 @@ ESTIMATORS = {
     "drpo": lambda ro, r, g, cfg: drpo_advantages(
         _correct(ro), torch.tensor([float(episode_tokens(x)) for x in ro]), g),
     "gigpo": _gigpo,
+    "poise": _poise,
+    "dagrpo": lambda ro, r, g, cfg: dagrpo_advantages(r, g, [x.completion_ids for x in ro], cfg.scale_rewards,
+                                                      cfg.dagrpo_ngram, cfg.dagrpo_similarity),
 }
 
 

@@ -93,6 +93,19 @@ def test_both_arms_train_in_lockstep_from_one_warm_start():
     assert s["rollwise"]["precision"] == runs["rollwise"]["precision"] and s["trl"]["precision"]["dtype"] == "float32"
 
 
+@pytest.mark.slow
+def test_a_bf16_bench_runs_both_arms_in_bf16():
+    """precision=bfloat16 on this (AVX2) CPU: slow bf16 everywhere, but both arms run in it and say so."""
+    pytest.importorskip("trl", reason="the compare extra (TRL) is not installed")
+    console = Console(file=io.StringIO(), width=200)
+    out = run_trl_bench([*TINY, "steps=1", "precision=bfloat16"], console)
+    runs = out["seeds"][0]
+    assert runs["rollwise"]["precision"]["engine_dtype"] == "bfloat16"
+    assert runs["trl"]["precision"] == {"bf16": True, "dtype": "bfloat16", "mixed_precision": "bf16",
+                                        "weights": "float32"}  # autocast over fp32 master weights
+    assert "bf16 autocast" in console.file.getvalue() and "engine bf16" in console.file.getvalue()
+
+
 # -- the chat workloads (issue 21): a tiny local Qwen2 chat model stands in for SmolLM2 ---------------
 
 CHAT_TINY = ["steps=2", "eval_every=1", "eval_size=4", "prompts_per_step=2", "num_generations=4",

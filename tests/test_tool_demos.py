@@ -307,3 +307,50 @@ def test_a_runs_warm_start_trains_on_its_episodes_rendering(tmp_path, chat_dir, 
         assert "You can call these tools" in trainer.tokenizer.decode(first)
         assert demo_ids(trainer.tokenizer, trainer.task.demonstrate(prompt), HERMES) == (
             rows[0][len(first):], masks[0][len(first):])
+
+
+# -- the held-out check after SFT -----------------------------------------------------------------------
+def test_tally_counts_calls_parses_and_right_calls_by_hand():
+    from rollwise.train.sft_check import tally
+    from rollwise.types import Rollout
+
+    def episode(turns, results, score):
+        messages = []
+        for k, text in enumerate(turns):
+            messages.append({"role": "assistant", "content": text})
+            if k < len(results):
+                messages.append({"role": "tool", "name": "calculate", "content": results[k]})
+        return Rollout("p", [1], [2], [0.0], [0], "stop", completion_text=turns[-1], messages=messages, score=score)
+
+    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "12*34"}}</tool_call>'
+    rollouts = [episode([call, "\\boxed{408}"], ["408"], 1.0),  # right call, right answer
+                episode([call.replace("12*34", "12*43"), "\\boxed{516}"], ["516"], 0.0),  # parsed, wrong call
+                episode(["<tool_call>{oops</tool_call>", "\\boxed{1}"], ["Error: ..."], 0.0),  # unparseable
+                episode(["\\boxed{408}"], [], 1.0)]  # no call, right answer
+    got = tally(rollouts, ["408"] * 4, HERMES)
+    assert got.as_dict() == {"prompts": 4, "accuracy": 0.5, "call_rate": 0.75, "tool_calls": 3, "parse_rate": 2 / 3,
+                             "call_correct": 0.25, "failed": 0}
+    assert "right call 25.0%" in got.line()
+
+
+TINY = ["model.threads=1", "task.eval_size=6", "task.ops='*'", "task.min_digits=2", "task.max_digits=3",
+        "rollout.max_new_tokens=40", "sft.steps=2", "sft.batch_size=8"]
+
+
+@pytest.mark.parametrize("tool", [True, False], ids=["calculator", "no_tool"])
+def test_cli_sft_writes_the_held_out_check(tmp_path, tool):
+    from typer.testing import CliRunner
+
+    from rollwise.cli import app
+
+    sets = TINY + (["task.tool_demos=true", "rollout.environment=calculator", "rollout.max_turns=2"] if tool else [])
+    out = tmp_path / "warm"
+    args = ["sft", "--out", str(out), "--check", "4", *sum((["--set", s] for s in sets), [])]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "sft_check.json").read_text())
+    check = record["check"]
+    assert check["prompts"] == 4 and 0 <= check["accuracy"] <= 1 and "held-out check, 4 prompts" in result.output
+    assert (check["call_rate"] is not None) == tool and (check["parse_rate"] is None or 0 <= check["parse_rate"] <= 1)
+    assert record["sft"]["steps"] == 2 and record["sft"]["minutes"] >= 0 and "model" in record["cpu"]
+    assert (out / "config.json").exists()

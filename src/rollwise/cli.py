@@ -89,29 +89,39 @@ def sft(
     recipe: RecipeArg = None,
     set_: SetOpt = None,
     out: Annotated[Path, typer.Option(help="directory to save the warm-started model")] = Path("runs/sft_model"),
+    check: Annotated[int, typer.Option(help="held-out prompts for the check after SFT: greedy episodes through the "
+                                       "recipe's environment (accuracy, tool-call parse rate, right calls), or "
+                                       "completions without one (accuracy); 0 = no check")] = 50,
 ):
-    """Supervised warm start on the task's demonstrations; saves a Hugging Face model directory."""
+    """Supervised warm start on the task's demonstrations (rendered as the recipe's episodes are); saves a
+    Hugging Face model directory, and the held-out check in <out>/sft_check.json."""
+    import time
+
     from rollwise.config import ConfigError
-    from rollwise.filter.sandbox import Sandbox
-    from rollwise.model.load import load_model_and_tokenizer
     from rollwise.model.lora import merge_into_base
     from rollwise.train.config import load_run_config
-    from rollwise.train.build import seed_everything
-    from rollwise.train.sft import sft as run_sft
+    from rollwise.train.loop import Trainer
+    from rollwise.train.sft import warm_start
+    from rollwise.train.sft_check import held_out_check, write_check
 
     cfg = load_run_config(str(recipe) if recipe else None, set_ or [])
     if cfg.sft.steps == 0:
         raise ConfigError("sft.steps is 0: nothing to train (pass --set sft.steps=300)")
-    seed_everything(cfg.seed)
-    with Sandbox(cfg.sandbox) as sandbox:  # code tasks start it at build; SFT itself runs no code
-        task = cfg.task.build(cfg.seed, sandbox)
-    model, tok = load_model_and_tokenizer(cfg.model, seed=cfg.seed)
-    with console.status("SFT") as status:
-        losses = run_sft(model, tok, task, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
-                         on_step=lambda s, loss: status.update(f"SFT step {s + 1}/{cfg.sft.steps} loss {loss:.3f}"))
-    merge_into_base(model).save_pretrained(out)  # model.lora: the adapter folded in (else unchanged)
-    tok.save_pretrained(out)
-    console.print(f"SFT {cfg.sft.steps} steps: loss {losses[0]:.3f} → {losses[-1]:.3f}; saved {out}")
+    # the run's task, model, engine, environment and judge, no run directory; built as for RL from the
+    # warm-started model (sft.steps=0: with model.lora, SFT here is what a LoRA run is then pointed at)
+    with Trainer(cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"steps": 0})})) as trainer:
+        start = time.perf_counter()
+        with console.status("SFT") as status:
+            losses = warm_start(trainer, on_step=lambda s, loss: status.update(
+                f"SFT step {s + 1}/{cfg.sft.steps} loss {loss:.3f}"), settings=cfg.sft)
+        minutes = (time.perf_counter() - start) / 60
+        result = held_out_check(trainer, check) if check else None
+        merge_into_base(trainer.model).save_pretrained(out)  # model.lora: the adapter folded in (else unchanged)
+        trainer.tokenizer.save_pretrained(out)
+    console.print(f"SFT {cfg.sft.steps} steps ({minutes:.1f} min): loss {losses[0]:.3f} → {losses[-1]:.3f}; saved {out}")
+    if result is not None:
+        console.print(result.line(), highlight=False)
+        write_check(out, cfg, losses, minutes, result)
 
 
 @app.command()

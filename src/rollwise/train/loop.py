@@ -37,6 +37,7 @@ from rollwise.model import lora
 from rollwise.model.load import encode_prompt, load_model_and_tokenizer
 from rollwise.optim.batch import build_batch
 from rollwise.optim.objective import assign_advantages
+from rollwise.optim.poise import build_value_baseline
 from rollwise.optim.update import UpdateSpec, policy_update
 from rollwise.replay import build_replay
 from rollwise.replay import check_composition as check_replay
@@ -59,7 +60,7 @@ from rollwise.train.config import RunConfig
 from rollwise.train.metrics import Clock, MetricsLog, rollout_metrics, staleness_metrics, tree_record
 from rollwise.train.pipeline import Pipeline
 from rollwise.train.rollout_log import RolloutLog
-from rollwise.train.sft import EpisodeFormat, sft
+from rollwise.train.sft import warm_start
 from rollwise.train.state import RunLimits, TrainState, run_summary
 from rollwise.types import Prompt, RolloutGroup
 
@@ -101,6 +102,7 @@ class Trainer:
         check_guidance(r, cfg.objective)  # guide: hinted rollouts need an IS weight
         # no fixed step count: step() reports the run's progress towards whichever limit stops it
         self.replay = build_replay(cfg.replay, seed=cfg.seed, prompts_per_step=r.prompts_per_step, total_steps=0)
+        self.value_probe = build_value_baseline(cfg.objective, self.tokenizer.pad_token_id, cfg.seed)  # poise
         self.limits = RunLimits.from_config(cfg.train)  # what fit() runs to (fit(until=...) replaces them)
         self.eval_prompts = [self.tokenize(p) for p in self.task.eval[: cfg.train.eval_size]]
         self.pool = None  # rollout.workers > 0: Ray rollout workers (dist/) generate in place of the engine
@@ -210,6 +212,8 @@ class Trainer:
         the new weights to the engine."""
         cfg, start = self.cfg, time.perf_counter()
         step, metrics = self.state.step, dict(batch.metrics)
+        if self.value_probe is not None:  # poise: each baseline from the states of the group's other rollouts
+            metrics |= self.value_probe.assign(batch.groups, self.model)
         metrics |= assign_advantages(batch.groups, cfg.objective)  # within the groups as sampled
         outcome.count_step(self.state, batch.groups, metrics)  # reward failures, no reward spread: summary.json
         if self.rollout_log is not None:  # a sample of the scored groups for the report
@@ -299,10 +303,7 @@ class Trainer:
         else:
             rundir.start_fresh(self.run_dir, self.cfg.model_dump(mode="json"), overwrite=overwrite)
             if self.cfg.sft.steps:
-                s = self.cfg.sft
-                sft(self.model, self.tokenizer, self.task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
-                    on_step=on_sft_step, log_to=self.run_dir / "sft.jsonl", episodes=EpisodeFormat.of(self.generator),
-                    micro_batch_size=self.cfg.optim.micro_batch_size)  # demonstrations rendered as the episodes are
+                warm_start(self, on_sft_step, self.run_dir / "sft.jsonl")  # demonstrations rendered as its episodes
             rundir.save_init_model(self.run_dir, self.cfg, self.model, self.tokenizer)
         self.ref_model = reference_model(self.cfg, self.model, self.init_model_dir(), self.engine.device)
         if ckpt is not None and self.state.reference_moved_at is not None and self.cfg.model.lora is None:

@@ -190,6 +190,17 @@ def sft(
     return losses
 
 
+def warm_start(trainer, on_step: Callable[[int, float], None] | None = None, log_to: Path | None = None,
+               settings=None) -> list[float]:
+    """``sft.*`` (or ``settings``, an ``SFTConfig``) on a ``train.loop.Trainer``'s model: demonstrations
+    rendered as its episodes are (an environment run), ``optim.micro_batch_size`` per forward; what
+    ``rollwise train`` and ``rollwise sft`` run."""
+    s = settings or trainer.cfg.sft
+    return sft(trainer.model, trainer.tokenizer, trainer.task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
+               on_step=on_step, log_to=log_to, episodes=EpisodeFormat.of(trainer.generator),
+               micro_batch_size=trainer.cfg.optim.micro_batch_size)
+
+
 def accumulate(model, rows, masks, pad_id: int, device, micro: int) -> float:
     """Backward of the mean negative log-likelihood over every trained token of ``rows``, ``micro`` rows
     per forward; returns that mean."""

@@ -149,6 +149,7 @@ class Rollout:
     # majority_vote: a confident pseudo-label's positive advantages are multiplied by this (1 − share; optim)
     positive_advantage_scale: float = 1.0
     value_baseline: float | None = None  # poise: b_i, the value probe's estimate from the group's other rollouts
+    value_baseline: float | None = None  # poise: b_i, the value probe's estimate from the group's other rollouts
     # guided exploration (generate/guide.py, nudge.py): the context the rollout was sampled under — a hint, a
     # strategy — prepended to the prompt; ``prompt_ids`` are the bare prompt's all the same (it trains on x, its
     # behaviour log-probs are those under x⊕context: the IS weight corrects the gap). None = sampled from x itself

@@ -48,6 +48,8 @@ def save_run(trainer, queued: list | None) -> Path:
     control = None
     if cfg.control.method != "none":  # the run without control keeps its checkpoint layout
         control = {"controller": t.controller.state_dict(), "stats": t.stats.state_dict()}
+    if getattr(t, "value_probe", None) is not None:  # poise: the value probes and their buffers
+        control = {**(control or {}), "value_probe": t.value_probe.state_dict()}
     generator = t.pool.generator_state() if t.pool is not None else t.generator.state_dict()  # workers: theirs
     return save_checkpoint(t.run_dir, t.state.step, t.model, t.optimizer, t.scheduler, asdict(t.state),
                            cfg.train.keep_checkpoints, generator or None, control, queued,
@@ -73,6 +75,8 @@ def restore_run(trainer, path: Path) -> None:
     control = load_control_state(path) or {}
     t.controller.load_state_dict(control.get("controller", {}))
     t.stats.load_state_dict(control.get("stats", {}))
+    if getattr(t, "value_probe", None) is not None:
+        t.value_probe.load_state_dict(control.get("value_probe", {}))
     t.queued = load_pipeline_state(path)
     t.replay.load_state_dict(load_replay_state(path))
 

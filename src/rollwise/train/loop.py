@@ -37,6 +37,7 @@ from rollwise.model import lora
 from rollwise.model.load import encode_prompt, load_model_and_tokenizer
 from rollwise.optim.batch import build_batch
 from rollwise.optim.objective import assign_advantages
+from rollwise.optim.poise import build_value_baseline
 from rollwise.optim.update import UpdateSpec, policy_update
 from rollwise.replay import build_replay
 from rollwise.replay import check_composition as check_replay
@@ -101,6 +102,7 @@ class Trainer:
         check_guidance(r, cfg.objective)  # guide: hinted rollouts need an IS weight
         # no fixed step count: step() reports the run's progress towards whichever limit stops it
         self.replay = build_replay(cfg.replay, seed=cfg.seed, prompts_per_step=r.prompts_per_step, total_steps=0)
+        self.value_probe = build_value_baseline(cfg.objective, self.tokenizer.pad_token_id, cfg.seed)  # poise
         self.limits = RunLimits.from_config(cfg.train)  # what fit() runs to (fit(until=...) replaces them)
         self.eval_prompts = [self.tokenize(p) for p in self.task.eval[: cfg.train.eval_size]]
         self.pool = None  # rollout.workers > 0: Ray rollout workers (dist/) generate in place of the engine
@@ -210,6 +212,8 @@ class Trainer:
         the new weights to the engine."""
         cfg, start = self.cfg, time.perf_counter()
         step, metrics = self.state.step, dict(batch.metrics)
+        if self.value_probe is not None:  # poise: each baseline from the states of the group's other rollouts
+            metrics |= self.value_probe.assign(batch.groups, self.model)
         metrics |= assign_advantages(batch.groups, cfg.objective)  # within the groups as sampled
         outcome.count_step(self.state, batch.groups, metrics)  # reward failures, no reward spread: summary.json
         if self.rollout_log is not None:  # a sample of the scored groups for the report

@@ -145,9 +145,10 @@ def eval_(
     set_: SetOpt = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="also write the results here")] = None,
 ):
-    """Greedy accuracy, pass@k and maj@k of `model.path` (or the preset) on the task's eval split. `model.path`
-    may be a run directory (its latest checkpoint's policy) or a checkpoint: `rollwise eval RECIPE --set
-    model.path=runs/NAME`."""
+    """Greedy accuracy, pass@k and maj@k of `model.path` (or the preset) on the task's eval split, and on an
+    environment task the episodes' tool use (calls per episode, unparseable calls, call errors, turns, failed
+    episodes). `model.path` may be a run directory (its latest checkpoint's policy) or a checkpoint: `rollwise
+    eval RECIPE --set model.path=runs/NAME`."""
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
 
@@ -157,9 +158,19 @@ def eval_(
         result = trainer.evaluate()  # the trainer's own eval: same prompts, judge, engine and seeds
     record = result.metrics() | {"engine_dtype": _dtype_name(trainer.engine_dtype),
                                  "engine_dtype_reason": trainer.engine_dtype_reason}
+    console.print(_eval_table(result.table(), len(result.correct)))
     console.print(json.dumps(record, indent=2))
     if json_path:
         json_path.write_text(json.dumps(record, indent=2))
+
+
+def _eval_table(rows: list[tuple[str, str]], prompts: int):
+    from rich.table import Table
+
+    table = Table(title=f"eval: {prompts} prompts", show_header=False, title_justify="left")
+    for label, value in rows:
+        table.add_row(label, value)
+    return table
 
 
 def _dtype_name(dtype) -> str:

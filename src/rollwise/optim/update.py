@@ -19,6 +19,14 @@ rows of a micro-batch that repeat one prompt (a GRPO group) computing it once
 pass); other models run the HF module on the padded micro-batch. All give the same log-probs
 and gradients (``tests/test_packed.py``, ``tests/test_packed_shared.py``, ``tests/test_optim.py``).
 
+The compute dtype (``spec.compute_dtype``, ``optim.compute_dtype``): below the weights' own dtype
+(bfloat16 on fp32 weights) every forward of the update — the policy's, the old policy's, the
+reference's — runs under ``torch.autocast``: the matmuls (and their backward, which follows the
+forward's dtypes) in bf16; the weights, their gradients and the optimizer state stay fp32 (the
+master weights). The logits are upcast before the log-softmax over the vocabulary
+(``rollwise.model.logprobs._scored``), so log-probs, entropies, ratios, advantages and the loss
+are fp32 arithmetic; the loss and the backward call run outside autocast.
+
 A pass whose loss or gradient norm is not finite (NaN, ±inf) is skipped: no optimizer step
 (weights, moments and step count untouched), its gradient dropped, its metrics left out, and
 ``update/skipped_nonfinite`` counts it — a non-finite number never reaches the weights.
@@ -27,6 +35,7 @@ A pass whose loss or gradient norm is not finite (NaN, ±inf) is skipped: no opt
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +72,7 @@ class UpdateSpec:
     logits_budget_mb: float | None = None  # cap on the float32 logits a forward holds at once (chunked LM head)
     packed: bool = False  # the packed forward (Llama-family models: ``supports_packing``)
     share_prompts: bool = True  # packed: a prompt repeated by rows of a micro-batch computed once (same numbers)
+    compute_dtype: torch.dtype = torch.float32  # the forwards' matmuls: below the weights' dtype, autocast (docstring)
 
     @property
     def sampling(self) -> dict:
@@ -185,14 +195,24 @@ def _logprobs(model, packed: PackedForward | None, sub: TrainBatch, spec: Update
               with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) ``[b, t-1]`` of a micro-batch's completion tokens under ``model``:
     packed when ``packed`` is given, else the HF module on the padded rows."""
-    if packed is not None:
-        scored = sub.completion_mask
-        chunk = logits_chunk(model, 1, int(scored.sum()) + 1, spec.logits_budget_mb)  # the head: scored positions
-        return packed.logprobs(sub.input_ids, sub.attention_mask, scored, chunk=chunk, with_entropy=with_entropy,
-                               share_prompts=spec.share_prompts, **spec.sampling)
-    chunk = logits_chunk(model, *sub.input_ids.shape, spec.logits_budget_mb)
-    return token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, with_entropy=with_entropy,
-                                      chunk=chunk, **spec.sampling)
+    with compute(model, spec.compute_dtype):  # the log-probs come out fp32 either way (_scored upcasts)
+        if packed is not None:
+            scored = sub.completion_mask
+            chunk = logits_chunk(model, 1, int(scored.sum()) + 1, spec.logits_budget_mb)  # the head: scored positions
+            return packed.logprobs(sub.input_ids, sub.attention_mask, scored, chunk=chunk, with_entropy=with_entropy,
+                                   share_prompts=spec.share_prompts, **spec.sampling)
+        chunk = logits_chunk(model, *sub.input_ids.shape, spec.logits_budget_mb)
+        return token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, with_entropy=with_entropy,
+                                          chunk=chunk, **spec.sampling)
+
+
+def compute(model, dtype: torch.dtype) -> AbstractContextManager:
+    """A forward of ``model`` in ``dtype``: ``torch.autocast`` where ``dtype`` is narrower than the
+    weights' own (fp32 weights, bf16 compute), else nothing — a model loaded in bf16 runs as it is."""
+    weight = next(model.parameters())
+    if dtype.itemsize >= weight.dtype.itemsize:
+        return nullcontext()
+    return torch.autocast(weight.device.type, dtype=dtype)
 
 
 @torch.no_grad()

@@ -1,4 +1,5 @@
-"""The engine's sampling precision (``rollout.engine_dtype``) and the guard on the mismatch it makes.
+"""The engine's sampling precision (``rollout.engine_dtype``), the guard on the mismatch it makes,
+and the update's compute dtype (``optim.compute_dtype``).
 
 The trainer keeps fp32 master weights; the engine samples from its own copy in the chosen
 precision, refreshed at every ``load_weights`` (``rollwise.engine``). ``auto`` picks, once, when
@@ -17,6 +18,12 @@ The mismatch bound is checked while training (``MismatchGuard``): each step's
 compared with ``rollout.mismatch_kl_bound``; past it the run warns once and, with ``auto``,
 falls back to fp32 (the engine's copy re-cast; ``mismatch/fallback`` = 1 from that step on).
 An explicit ``bfloat16`` only warns: the recipe asked for it.
+
+The update computes in ``optim.compute_dtype`` (``choose_update``): ``auto`` follows the same rule
+as the engine's (bf16 on CUDA with bf16, or on a CPU with native bf16 whose benchmark — the same
+cached measurement — finds it faster; else fp32), and bf16 means autocast around the update's
+forwards with fp32 master weights (``rollwise.optim.update``). A policy loaded in another dtype
+than fp32 (``model.dtype``) trains in it whatever the choice: its weights are the masters.
 
 The correction (``objective.tis_mode = token_truncate``, as for stale tokens) is filled at
 config time where the engine may sample below fp32 (``lower_precision_source``): ``bfloat16``,
@@ -38,11 +45,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MIN_SPEEDUP = 1.1  # bf16 must beat fp32 by this ratio at the model's shapes (a tie is not worth the mismatch)
 
 
-def choose(choice: str, model, info: hardware.CpuInfo | None = None, speedup=None) -> tuple[torch.dtype, str]:
-    """The engine's dtype for ``rollout.engine_dtype = choice`` and why. ``info`` and ``speedup``
-    (``Shapes -> fp32 time / bf16 time``) replace the detection and the benchmark (tests)."""
+def choose(choice: str, model, info: hardware.CpuInfo | None = None, speedup=None,
+           field: str = "rollout.engine_dtype") -> tuple[torch.dtype, str]:
+    """The engine's dtype for ``rollout.engine_dtype = choice`` (``field``) and why. ``info`` and
+    ``speedup`` (``Shapes -> fp32 time / bf16 time``) replace the detection and the benchmark (tests)."""
     if choice != "auto":
-        return DTYPES[choice], f"rollout.engine_dtype={choice}"
+        return DTYPES[choice], f"{field}={choice}"
     if model.dtype != torch.float32:
         return model.dtype, f"the policy's own dtype ({model.dtype}, model.dtype)"
     if next(model.parameters()).device.type == "cuda":
@@ -57,6 +65,22 @@ def choose(choice: str, model, info: hardware.CpuInfo | None = None, speedup=Non
     if ratio < MIN_SPEEDUP:
         return torch.float32, f"auto: bf16 F.linear only {ratio:.2f}x fp32 at the model's shapes on {info.model}"
     return torch.bfloat16, f"auto: native bf16 on {info.model}, F.linear {ratio:.2f}x fp32 at the model's shapes"
+
+
+def choose_update(choice: str, model, info: hardware.CpuInfo | None = None,
+                  speedup=None) -> tuple[torch.dtype, str]:
+    """The update's compute dtype for ``optim.compute_dtype = choice`` and why: ``choose``'s rule,
+    except that a policy loaded below fp32 always trains in its own dtype (no fp32 masters to keep)."""
+    if model.dtype != torch.float32:
+        return model.dtype, (f"the policy's own dtype ({_name(model.dtype)}, model.dtype): its weights train in it "
+                             f"(optim.compute_dtype={choice} does not apply)")
+    return choose(choice, model, info, speedup, field="optim.compute_dtype")
+
+
+def start_note(engine: tuple[torch.dtype, str], update: tuple[torch.dtype, str]) -> None:
+    """Log, once as a run starts, the precision it samples and updates in, and why."""
+    log.info("the engine samples in %s (%s); the update computes in %s (%s)", _name(engine[0]), engine[1],
+             _name(update[0]), update[1])
 
 
 def lower_precision_source(data: dict) -> str | None:
@@ -118,6 +142,10 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def summary(guard: MismatchGuard) -> dict:
-    """What ``summary.json`` records of the machine and the sampling precision."""
-    return {"cpu": hardware.cpu_record(), "engine_dtype": _name(guard.dtype), "engine_fallback": guard.fell_back}
+def summary(guard: MismatchGuard, update: tuple[torch.dtype, str] | None = None) -> dict:
+    """What ``summary.json`` records of the machine, the sampling precision and (``update``: the
+    ``choose_update`` result) the update's compute dtype and why."""
+    out = {"cpu": hardware.cpu_record(), "engine_dtype": _name(guard.dtype), "engine_fallback": guard.fell_back}
+    if update is not None:
+        out |= {"compute_dtype": _name(update[0]), "compute_dtype_reason": update[1]}
+    return out

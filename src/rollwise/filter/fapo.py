@@ -114,3 +114,20 @@ class Fapo:
         metrics = {"fapo/flawed_positives": flawed / max(correct, 1), "fapo/penalised": float(penalised)}
         return out, metrics
 
+
+
+def arith_working(prompts, completions, a=None, op=None, b=None, **_) -> list[Score]:
+    """1.0 when an arith completion's column working is the task's, step for step (products: 1), else
+    0.0 naming the first wrong step — whatever the final answer (pow3r's process criterion).
+
+    >>> arith_working(["2+2="], [" 2+2+0=04 #4", " #4"], a=[2, 2], op=["+", "+"], b=[2, 2])
+    [1.0, 0.0]
+    """
+    out = []
+    for i, completion in enumerate(completions):
+        if a is None or op is None or b is None or a[i] is None:
+            out.append(None)  # not an arith row: not applicable
+            continue
+        flaw = arith_flaw(int(a[i]), op[i], int(b[i]), as_text(completion))
+        out.append(Score(0.0, flaw) if flaw else Score(1.0))
+    return out

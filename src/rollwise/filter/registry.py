@@ -33,12 +33,14 @@ def builtin_rewards(sandbox=None) -> dict[str, Callable]:
 
     bound = {name: functools.update_wrapper(functools.partial(getattr(code, name), sandbox=sandbox),
                                             getattr(code, name)) for name in CODE_REWARDS}
-    from rollwise.filter.fapo import Fapo
+    from rollwise.filter.fapo import Fapo, arith_working
     from rollwise.filter.judge import Judge
+    from rollwise.filter.pow3r import Pow3r
 
     return {"arith": arith_reward, "countdown": countdown_reward, "math_answer": math_answer, "majority_vote": majority_vote, **bound,
             "judge": Judge,  # built from its rewards[].judge section (resolve_rewards)
-            "fapo": Fapo()}  # scores whole groups (score_groups)
+            "fapo": Fapo(),  # scores whole groups (score_groups)
+            "arith_working": arith_working, "pow3r": Pow3r}  # pow3r: built from its section (configured)
 
 
 def reward_function(spec: str, key: str, known: dict[str, Callable]) -> tuple[str, Callable]:
@@ -61,6 +63,15 @@ def configured(rc, i: int, known: dict[str, Callable], task=None) -> tuple[str, 
         from rollwise.filter.judge import Judge
 
         return rc.name, Judge(rc.judge, name=rc.name)
+    if rc.name == "pow3r":  # its criteria are rewards too, resolved here (a judge criterion: its rubric)
+        from rollwise.filter.pow3r import Pow3r, Pow3rConfig
+
+        cfg = getattr(rc, "pow3r", None)
+        if cfg is None and task is not None and task.name != "arith":
+            raise ConfigError(f"rewards[{i}]: pow3r's default rubric is arith's answer and working; list this "
+                              f"task's criteria under rewards[{i}].pow3r.criteria")
+        cfg = cfg or Pow3rConfig()
+        return rc.name, Pow3r(cfg, [configured(c, i, known, task) for c in cfg.criteria])
     return reward_function(rc.name, f"rewards[{i}].name", known)
 
 

@@ -18,6 +18,7 @@ from rollwise.config import ConfigError, StrictModel, apply_overrides, load_yaml
 from rollwise.control import ControlConfig
 from rollwise.replay import ReplayConfig, remix_objective, replay_serves_stored_groups
 from rollwise.filter.judge import JudgeConfig
+from rollwise.filter.pow3r import Pow3rConfig
 from rollwise.filter.majority_vote import MajorityVoteConfig
 from rollwise.filter.sandbox.config import SandboxConfig
 from rollwise.generate import GUIDED, STRATEGIES
@@ -178,6 +179,25 @@ class TrainConfig(StrictModel):
 class RewardConfig(StrictModel):
     name: str = Field(description="a reward known to `rollwise list rewards`, or 'package.module:function'")
     weight: float = Field(1.0, description="weight in the total reward")
+    judge: JudgeConfig | None = Field(None, description="name: judge — the judge model and its rubric "
+                                      "(rollwise.filter.judge; docs/tasks.md)")
+
+    @model_validator(mode="after")
+    def _judge_section(self):
+        if (self.name == "judge") != (self.judge is not None):
+            raise ValueError("a judge reward needs its section and only a judge reward has one: "
+                             "{name: judge, judge: {rubric: ..., model: {path: ...}}} (or judge.base_url)")
+        return self
+
+    pow3r: Pow3rConfig | None = Field(None, description="name: pow3r — its rubric criteria, weights and categories "
+                                      "(rollwise.filter.pow3r; unset: arith's answer and working)")
+
+    @model_validator(mode="after")
+    def _pow3r_section(self):
+        if self.pow3r is not None and self.name != "pow3r":
+            raise ValueError(f"rewards[].pow3r: only a pow3r reward has this section (name is {self.name!r})")
+        return self
+
     majority_vote: MajorityVoteConfig | None = Field(
         None, description="name: majority_vote — the vote's thresholds (rollwise.filter.majority_vote; unset: "
         "label at a majority share >= .3, scale positive advantages above .9)")
@@ -187,15 +207,6 @@ class RewardConfig(StrictModel):
         if self.majority_vote is not None and self.name != "majority_vote":
             raise ValueError(f"rewards[].majority_vote: only a majority_vote reward has this section (name is "
                              f"{self.name!r})")
-        return self
-    judge: JudgeConfig | None = Field(None, description="name: judge — the judge model and its rubric "
-                                      "(rollwise.filter.judge; docs/tasks.md)")
-
-    @model_validator(mode="after")
-    def _judge_section(self):
-        if (self.name == "judge") != (self.judge is not None):
-            raise ValueError("a judge reward needs its section and only a judge reward has one: "
-                             "{name: judge, judge: {rubric: ..., model: {path: ...}}} (or judge.base_url)")
         return self
 
 

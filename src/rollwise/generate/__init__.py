@@ -20,10 +20,12 @@ STRATEGIES = {
     "april": "APRIL: over-provision groups, carry unfinished rollouts to the next step (rollout.april.*)",
     "guide": "Guide: groups that all failed get G/2 hinted rollouts, trained on the bare prompt with the IS "
              "weight (rollout.guide.*)",
+    "nudge": "NudgeRL: each group split over K strategy contexts, trained on the bare prompt; inter/intra-context "
+             "advantages + distillation (rollout.nudge.*)",
 }
 # strategies whose rollouts are sampled under a context the trained prompt lacks (or written by a corrector):
 # their behaviour log-probs are another distribution's, so the update needs a per-token IS weight (tis_mode)
-GUIDED = ("guide",)
+GUIDED = ("guide", "nudge")
 # rollout.environment (multi-turn episodes) replaces the strategy: generate/episode.py, built by train/build.py
 
 
@@ -44,21 +46,23 @@ def sampling_params(rollout, tokenizer) -> SamplingParams:
                           (tokenizer.eos_token_id,))
 
 
-def build_generator(rollout, params, decode, pruner=None, gate=None, gate_every: int = 0) -> Generator:
+def build_generator(rollout, params, decode, pruner=None, gate=None, gate_every: int = 0, encode=None) -> Generator:
     """The generator ``rollout.strategy`` names, configured from ``rollout`` (a ``RolloutConfig``).
 
     ``pruner`` (a controller that prunes inside generation, e.g. ``arrol``) turns independent
     sampling into ``PrunedSampler``: over-provisioned samples, pruned at a segment boundary.
     ``gate(partial) -> bool`` (a controller's ``should_continue``), asked every ``gate_every``
-    tokens of a rollout, stops rollouts during ``group`` sampling."""
+    tokens of a rollout, stops rollouts during ``group`` sampling. ``encode(prompt) -> ids`` (the
+    trainer's tokenizer) lets ``nudge`` put its contexts into the prompts."""
     from rollwise.generate.april import AprilSampler
     from rollwise.generate.group import GroupSampler
     from rollwise.generate.guide import GuideSampler
+    from rollwise.generate.nudge import NudgeSampler
     from rollwise.generate.latr import LatrSampler
     from rollwise.generate.pruned import PrunedSampler
     from rollwise.generate.tree import TreeSampler
 
-    if gate is not None and (pruner is not None or rollout.strategy not in ("group", "guide")):
+    if gate is not None and (pruner is not None or rollout.strategy not in ("group", "guide", "nudge")):
         raise ConfigError(f"a controller that stops rollouts during generation (should_continue) works with "
                           f"rollout.strategy=group, not {rollout.strategy}"
                           + (" or a pruning controller" if pruner else "") + "; set rollout.strategy=group")
@@ -73,6 +77,11 @@ def build_generator(rollout, params, decode, pruner=None, gate=None, gate_every:
         return LatrSampler(params, decode, rollout.latr)
     if rollout.strategy == "april":
         return AprilSampler(params, decode, rollout.april, target=rollout.prompts_per_step)
+    if rollout.strategy == "nudge":
+        if encode is None:
+            raise ConfigError("rollout.strategy=nudge puts its contexts into the prompts and needs the trainer's "
+                              "tokenizer; with rollout.workers use rollout.workers=0")
+        return NudgeSampler(params, decode, gate=gate, gate_every=gate_every, nudge=rollout.nudge, encode=encode)
     if rollout.strategy == "guide":
         return GuideSampler(params, decode, gate=gate, gate_every=gate_every, guide=rollout.guide,
                             group_size=rollout.num_generations)

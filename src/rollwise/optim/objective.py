@@ -101,7 +101,7 @@ PRESET_SECTIONS: dict[str, dict[str, dict]] = {"dapo": {"control": {"method": "d
 # the correction a run that trains tokens sampled by older policies gets when neither its recipe nor
 # its preset sets tis_mode: AReaL's decoupled PPO weight sg(min(pi_prox/mu, 2)) per token
 STALE_TOKEN_OBJECTIVE = {"tis_mode": "token_truncate"}
-Advantage = Literal["group", "rloo", "reinforce_pp", "median", "drpo", "gigpo", "poise", "poise", "dagrpo"]
+Advantage = Literal["group", "rloo", "reinforce_pp", "median", "drpo", "gigpo", "poise", "poise", "dagrpo", "nudge"]
 
 
 class ObjectiveConfig(StrictModel):
@@ -111,7 +111,8 @@ class ObjectiveConfig(StrictModel):
     advantage: Advantage = Field("group", description="estimator: group (GRPO, with scale_rewards), rloo, "
                                  "reinforce_pp (REINFORCE++-baseline), median (MC-GRPO: sample G+1), drpo, "
                                  "poise (r - a value probe's cross-rollout baseline), gigpo "
-                                 "(GRPO + a per-turn anchor-state term), dagrpo (look-alike pairs left out)")
+                                 "(GRPO + a per-turn anchor-state term), dagrpo (look-alike pairs left out), nudge (inter- and "
+                                 "intra-context terms: rollout.strategy=nudge)")
     shaping: list[Literal["ace", "novelty_sharpen"]] = Field([], description="advantage shaping after the estimator")
     scale_rewards: ScaleRewards | None = Field(None, description="advantage divisor: group std, batch std, or none")
     loss_agg: LossAgg | None = Field(None, description="how per-token losses reduce to a scalar")
@@ -157,6 +158,9 @@ class ObjectiveConfig(StrictModel):
     dagrpo_ngram: int = Field(4, ge=1, description="dagrpo: n of the token n-grams two completions are compared by")
     dagrpo_similarity: float = Field(0.8, ge=0, le=1, description="dagrpo: pairs whose n-gram Jaccard similarity "
                                      "is above this are not compared")
+    nudge_inter: float = Field(0.5, ge=0, description="nudge: weight of the inter-context term r̄_k − r̄")
+    nudge_distill: float = Field(0.1, ge=0, description="nudge: distillation weight added to the advantage of a "
+                                 "correct response sampled under a non-empty context")
 
     @model_validator(mode="before")
     @classmethod
@@ -290,7 +294,18 @@ ESTIMATORS = {
     "poise": _poise,
     "dagrpo": lambda ro, r, g, cfg: dagrpo_advantages(r, g, [x.completion_ids for x in ro], cfg.scale_rewards,
                                                       cfg.dagrpo_ngram, cfg.dagrpo_similarity),
+    "nudge": lambda ro, r, g, cfg: _nudge(ro, r, g, cfg),
 }
+
+
+def _nudge(rollouts, rewards, group_ids, cfg):
+    """NudgeRL's advantage (``optim/nudge.py``): cells are (group, ``Rollout.context``)."""
+    from rollwise.optim.nudge import nudge_advantages
+
+    cells: dict[tuple, int] = {}
+    cell = [cells.setdefault((int(g), r.context), len(cells)) for g, r in zip(group_ids, rollouts)]
+    distill = torch.tensor([r.context is not None and r.correct for r in rollouts])
+    return nudge_advantages(rewards, group_ids, torch.tensor(cell), distill, cfg.nudge_inter, cfg.nudge_distill)
 
 
 def live_advantages(rollouts, rewards: torch.Tensor, group_ids: torch.Tensor, cfg: ObjectiveConfig):

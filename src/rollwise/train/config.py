@@ -19,11 +19,13 @@ from rollwise.control import ControlConfig
 from rollwise.replay import ReplayConfig, remix_objective, replay_serves_stored_groups
 from rollwise.filter.judge import JudgeConfig
 from rollwise.filter.pow3r import Pow3rConfig
+from rollwise.filter.weaver import WeaverConfig
 from rollwise.filter.majority_vote import MajorityVoteConfig
 from rollwise.filter.sandbox.config import SandboxConfig
 from rollwise.generate import GUIDED, STRATEGIES
 from rollwise.generate.april import AprilConfig
 from rollwise.generate.guide import GuideConfig
+from rollwise.generate.nudge import NUDGE_OBJECTIVE, NudgeConfig
 from rollwise.generate.latr import LatrConfig
 from rollwise.generate.tree import TreeConfig
 from rollwise.model.load import ModelConfig
@@ -77,6 +79,7 @@ class RolloutConfig(StrictModel):
     latr: LatrConfig = Field(default_factory=LatrConfig, description="strategy=latr (LATR) options")
     april: AprilConfig = Field(default_factory=AprilConfig, description="strategy=april (APRIL) options")
     guide: GuideConfig = Field(default_factory=GuideConfig, description="strategy=guide (Guide) options")
+    nudge: NudgeConfig = Field(default_factory=NudgeConfig, description="strategy=nudge (NudgeRL) options")
     workers: int = Field(0, ge=0, description="rollout workers: N Ray actors, each with its own engine, generate and "
                          "score the step's prompts (0 = in-process; pip install 'rollwise[ray]'; dist/)")
     worker_resources: WorkerResources = Field(default_factory=WorkerResources,
@@ -198,6 +201,15 @@ class RewardConfig(StrictModel):
             raise ValueError(f"rewards[].pow3r: only a pow3r reward has this section (name is {self.name!r})")
         return self
 
+    weaver: WeaverConfig | None = Field(None, description="name: weaver — its weak verifiers and the fit "
+                                        "(rollwise.filter.weaver; unset: arith's three checks)")
+
+    @model_validator(mode="after")
+    def _weaver_section(self):
+        if self.weaver is not None and self.name != "weaver":
+            raise ValueError(f"rewards[].weaver: only a weaver reward has this section (name is {self.name!r})")
+        return self
+
     majority_vote: MajorityVoteConfig | None = Field(
         None, description="name: majority_vote — the vote's thresholds (rollwise.filter.majority_vote; unset: "
         "label at a majority share >= .3, scale positive advantages above .9)")
@@ -285,6 +297,13 @@ def _fill_low_precision_correction(data: dict) -> dict:
     return {**data, "objective": {**objective, **STALE_TOKEN_OBJECTIVE}}
 
 
+def _fill_nudge(data: dict) -> dict:
+    rollout, objective = data.get("rollout"), data.get("objective") or {}
+    if not (isinstance(rollout, dict) and rollout.get("strategy") == "nudge" and isinstance(objective, dict)):
+        return data
+    return {**data, "objective": {**NUDGE_OBJECTIVE, **{k: v for k, v in objective.items() if v is not None}}}
+
+
 def _fill_preset_sections(data: dict) -> dict:
     if isinstance(data.get("objective"), dict):
         for section, fill in PRESET_SECTIONS.get(data["objective"].get("method"), {}).items():
@@ -309,12 +328,14 @@ FILLS = (
     SectionFill("replay.method=remix", "objective.beta and objective.prox_kl_coef = replay.remix.beta / 2 "
                 "(ReMix's KL-convex constraint; replay.remix_objective)", _fill_remix),
     SectionFill("a run that trains tokens sampled by older policies (train.mode=async with max_staleness >= 1, "
-                "a replay method that serves stored groups, rollout.strategy=april, or a guided strategy: guide)",
+                "a replay method that serves stored groups, rollout.strategy=april, a guided strategy: guide, nudge)",
                 "objective.tis_mode = token_truncate, unless the objective preset sets tis_mode "
                 "(optim.objective.STALE_TOKEN_OBJECTIVE)", _fill_stale_token_correction),
     SectionFill("an engine that may sample below fp32 (rollout.engine_dtype=bfloat16; auto on CUDA or on a CPU with "
                 "native bf16)", "objective.tis_mode = token_truncate, unless the objective preset sets tis_mode "
                 "(train.precision)", _fill_low_precision_correction),
+    SectionFill("rollout.strategy=nudge", "objective.advantage = nudge, objective.scale_rewards = none (NudgeRL's "
+                "inter/intra-context advantage; generate.nudge.NUDGE_OBJECTIVE)", _fill_nudge),
     SectionFill("objective.method=dapo", "control.method = dynamic_sampling (DAPO is its loss and its dynamic "
                 "sampling; optim.objective.PRESET_SECTIONS)", _fill_preset_sections),
 )

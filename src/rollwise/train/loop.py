@@ -137,7 +137,8 @@ class Trainer:
             self.generator = episode_sampler(self.cfg.rollout, self.sampling, self.tokenizer, controller, self.sandbox)
             return
         self.generator = build_generator(self.cfg.rollout, self.sampling, self.decode, pruner=pruner, gate=gate,
-                                         gate_every=controller.continue_every)
+                                         gate_every=controller.continue_every,
+                                         encode=lambda p: encode_prompt(self.tokenizer, p))  # nudge's contexts
 
     # -- helpers the step calls -------------------------------------------------------------
     def decode(self, ids: list[int]) -> str:

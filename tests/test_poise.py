@@ -102,3 +102,10 @@ def test_a_run_trains_with_poise_and_resumes_its_probe(tmp_path):
     resumed.prepare(resume=True)
     x = torch.randn(2, trainer.value_probe.rollouts.x.shape[1])
     assert torch.equal(resumed.value_probe.rollouts.predict(x), trainer.value_probe.rollouts.predict(x))
+
+
+def test_poise_is_a_ledger_arm():
+    from rollwise.bench.ablate import arm_lines, default_arms
+
+    assert "objective:poise" in default_arms()
+    assert arm_lines("objective:poise") == ["objective.method=poise"]

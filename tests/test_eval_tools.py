@@ -123,3 +123,16 @@ def test_cli_eval_on_the_calculator_recipe_prints_and_writes_tool_use(tmp_path):
     assert ("eval/parse_failure_rate" in metrics) == (metrics["eval/tool_calls_mean"] > 0)
     for label in ("accuracy (greedy)", "tool calls per episode", "turns per episode", "failed episodes"):
         assert label in res.output
+
+
+def test_a_harness_eval_reports_model_calls_and_failed_episodes():
+    """A harness calls its tools out of sight: its eval says model calls per episode and failed episodes."""
+    from rollwise.eval.tool_use import table_rows, tool_use
+    from rollwise.types import Rollout, RolloutGroup
+
+    rollouts = [Rollout("p", [1], [2], [0.0], [0], "stop", failure=f) for f in (None, "the harness raised", None, None)]
+    got = tool_use({"harness/calls_mean": 2.5, "harness/failed": 0.25}, [RolloutGroup(Prompt("p", "x"), rollouts)])
+    assert got == {"eval/model_calls_mean": 2.5, "eval/failed_episodes": 0.25}
+    rows = dict(table_rows({"eval/accuracy": 0.5, "eval/mean_length": 3.0} | got, prompts=4))
+    assert rows["model calls per episode"] == "2.5" and rows["failed episodes"] == "25.0% (1 of 4)"
+    assert "tool calls per episode" not in rows

@@ -19,8 +19,8 @@ from rollwise.filter.rewards import RewardFn, score_groups
 from rollwise.model.tiny import char_tokenizer
 from rollwise.report import plots, write_report
 from rollwise.train.metrics import MetricsLog
-from rollwise.train.rollout_log import RolloutLog
-from rollwise.types import Prompt
+from rollwise.train.rollout_log import RolloutLog, group_record
+from rollwise.types import Prompt, Rollout, RolloutGroup
 
 FIRST_TURN = {"A": '<call>calculate("12*34")</call>', "B": "<call>calculate(12*</call>"}  # B: unparseable
 
@@ -50,7 +50,7 @@ def run_dir(tmp_path_factory):
     groups, _ = episodes.generate(ScriptedEngine(tok, script), PROMPTS, [1, 1], seed=0)
     judge = RewardFn("exact", exact)
     score_groups(groups, [judge])
-    RolloutLog(root, groups_per_step=2).log(3, groups)
+    RolloutLog(root, groups_per_step=2, decode=lambda ids: tok.decode(ids) + " <the rendering>").log(3, groups)
     log = MetricsLog(root)
     for i in range(3):
         log.log(i + 1, {"reward/mean": 0.1 * (i + 1), **{k: v[i] for k, v in CURVES.items()}})
@@ -106,6 +106,21 @@ def test_a_training_episode_reads_as_its_conversation_in_order(drawn):
     assert call.text() == '<call>calculate("12*34")</call>'
     assert row.attrs["data-correct"] == "true" and "answered 408" in row.find_all("td", cls="reasons")[0].text()
     assert "2 turns · 1 tool result" in row.text()
+
+
+def test_the_prompt_as_the_model_saw_it_is_one_click_away(drawn, run_dir):
+    """An episode group logs its prompt ids as rendered (chat template, system message, tool schemas), collapsed
+    under the prompt's turn; a single-completion group logs none."""
+    dom, _ = drawn
+    logged = [json.loads(ln) for ln in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert [g["prompt_rendered"] for g in logged] == [f"<bos>{p.text} <the rendering>" for p in PROMPTS]
+    group = next(g for g in dom.by_id("rollouts").find_all("div", cls="group") if g.attrs["data-prompt-id"] == "pa")
+    (rendered,) = group.find_all("details", cls="rendered-prompt")
+    assert "open" not in rendered.attrs and rendered.find_all("pre")[0].text() == (
+        "<bos>A: what is 12*34? <the rendering>")
+    assert rendered.find_all("summary")[0].text().startswith("the prompt as the model saw it")
+    single = RolloutGroup(PROMPTS[0], [Rollout("pa", [1], [2], [0.0], [0], "stop", completion_text="408")])
+    assert "prompt_rendered" not in group_record(1, 1, single, decode=lambda ids: "rendered")
 
 
 def test_an_unparseable_call_is_shown_with_its_error(drawn):

@@ -106,11 +106,15 @@ def turn_html(classes: str, label: str, body: str, pre_class: str = "", after: s
 
 
 def prompt_html(record: dict, episode: bool) -> str:
-    """The prompt's text in a ``<pre class="prompt">``; for an episode as the conversation's first turn, the user's."""
+    """The prompt's text in a ``<pre class="prompt">``; for an episode as the conversation's first turn, the
+    user's, with the prompt as the model saw it (``prompt_rendered``: system message, tool schemas) collapsed."""
     text = esc(str(record.get("prompt", "")))
     if not episode:
         return f"<pre class=\"prompt\">{text}</pre>"
-    return f"<div class=\"prompt-turns\">{turn_html('user', 'user', text, 'prompt')}</div>"
+    rendered = record.get("prompt_rendered")
+    seen = ("<details class=\"rendered-prompt\"><summary>the prompt as the model saw it (the chat template, its system "
+            f"message and tool schemas)</summary><pre>{esc(str(rendered))}</pre></details>" if rendered else "")
+    return f"<div class=\"prompt-turns\">{turn_html('user', 'user', text, 'prompt')}{seen}</div>"
 
 
 def episode_meta(record: dict) -> str:

@@ -4,7 +4,9 @@ What is guaranteed:
 - a logged step writes ``train.log_rollouts`` groups of the groups it sampled (those with a reward
   spread first, i.e. the ones that trained, then the rest, each in the order sampled), one JSON line
   per group, after advantages are assigned: every rollout's text, reward, each reward component and
-  its reason, its advantage, and for an episode its messages (the tool calls and results);
+  its reason, its advantage, and for an episode its messages (the tool calls and results) and its
+  prompt as the model saw it (``prompt_rendered``: the first episode's prompt ids decoded with the
+  chat template's special tokens — the system message and tool schemas a template adds are in it);
 - the file stays under ``train.rollouts_mb``: when a write passes it, every other logged step is
   dropped and steps are logged half as often from then on (the stride, ``every``, doubles), so a
   long run keeps an even sample from its first step to its last. One completion or message is cut
@@ -19,7 +21,8 @@ One line (``step`` is the ``metrics.jsonl`` step of the update that trained on t
      "components": {"arith": 1.0}, "reasons": {"arith": "…"}, "advantage": 0.87, "tokens": 12,
      "finish_reason": "stop", "correct": true, "messages": [...], "failure": "…"}]}
 
-``messages`` (episodes) and ``failure`` (a failed episode) appear only when set.
+``messages`` and ``prompt_rendered`` (episodes, the latter when the log has a ``decode``) and ``failure``
+(a failed episode) appear only when set.
 """
 
 from __future__ import annotations
@@ -68,11 +71,14 @@ def rollout_record(rollout: Rollout) -> dict:
     return out
 
 
-def group_record(step: int, every: int, group: RolloutGroup) -> dict:
+def group_record(step: int, every: int, group: RolloutGroup, decode=None) -> dict:
     p = group.prompt
-    return {"step": step, "every": every, "prompt_id": p.id, "prompt": _cut(p.text), "answer": p.answer,
-            "pass_rate": group.pass_rate, "zero_signal": is_zero_signal(group.live_rewards),
-            "rollouts": [rollout_record(r) for r in group.rollouts]}
+    out = {"step": step, "every": every, "prompt_id": p.id, "prompt": _cut(p.text), "answer": p.answer,
+           "pass_rate": group.pass_rate, "zero_signal": is_zero_signal(group.live_rewards),
+           "rollouts": [rollout_record(r) for r in group.rollouts]}
+    if decode is not None and group.rollouts and group.rollouts[0].messages is not None:
+        out["prompt_rendered"] = _cut(decode(group.rollouts[0].prompt_ids))
+    return out
 
 
 def pick_groups(groups: list[RolloutGroup], n: int) -> list[RolloutGroup]:
@@ -85,8 +91,9 @@ class RolloutLog:
     """Appends ``rollouts.jsonl`` in the run directory (``Trainer.prepare`` opens it)."""
 
     def __init__(self, run_dir: Path, groups_per_step: int = 2, budget_mb: float = 20.0,
-                 resume_from_step: int | None = None):
+                 resume_from_step: int | None = None, decode=None):
         self.path = Path(run_dir) / "rollouts.jsonl"
+        self.decode = decode  # token ids -> text, special tokens kept: an episode's prompt as the model saw it
         self.groups_per_step, self.budget = groups_per_step, int(budget_mb * 1024 * 1024)
         # a fresh run starts the file (train/rundir.py decides whether the directory may be reused)
         records = [] if resume_from_step is None else [r for r in self._read() if r.get("step", 0) <= resume_from_step]
@@ -99,7 +106,7 @@ class RolloutLog:
             return
         with self.path.open("a") as f:
             for g in pick_groups(groups, self.groups_per_step):
-                f.write(json.dumps(group_record(step, self.every, g)) + "\n")
+                f.write(json.dumps(group_record(step, self.every, g, self.decode)) + "\n")
         if self.path.stat().st_size > self.budget:
             self._thin()
 

@@ -57,7 +57,7 @@ BASELINE = "baseline"
 STAGE_KEYS = {"objective": "objective.method", "strategy": "rollout.strategy", "control": "control.method",
               "replay": "replay.method", "reward": "rewards"}  # reward:<name> = rewards=[{name: <name>}]
 # reward ids measured as arms (the task's verifier replaced; a task the reward does not score refuses the arm)
-REWARD_ARMS = ("fapo", "majority_vote", "pow3r")
+REWARD_ARMS = ("fapo", "majority_vote", "pow3r", "weaver")
 # what an arm needs besides its one line (method-specific requirements)
 ARM_EXTRAS = {"objective:mc_grpo": ["rollout.num_generations=7"],
               "reward:majority_vote": ["task.labels=none"]}  # label-free: training never sees the answers

@@ -36,11 +36,13 @@ def builtin_rewards(sandbox=None) -> dict[str, Callable]:
     from rollwise.filter.fapo import Fapo, arith_working
     from rollwise.filter.judge import Judge
     from rollwise.filter.pow3r import Pow3r
+    from rollwise.filter.weaver import Weaver
 
     return {"arith": arith_reward, "countdown": countdown_reward, "math_answer": math_answer, "majority_vote": majority_vote, **bound,
             "judge": Judge,  # built from its rewards[].judge section (resolve_rewards)
             "fapo": Fapo(),  # scores whole groups (score_groups)
-            "arith_working": arith_working, "pow3r": Pow3r}  # pow3r: built from its section (configured)
+            "arith_working": arith_working, "pow3r": Pow3r,  # pow3r, weaver: built from their sections (configured)
+            "weaver": Weaver}
 
 
 def reward_function(spec: str, key: str, known: dict[str, Callable]) -> tuple[str, Callable]:
@@ -72,6 +74,15 @@ def configured(rc, i: int, known: dict[str, Callable], task=None) -> tuple[str, 
                               f"task's criteria under rewards[{i}].pow3r.criteria")
         cfg = cfg or Pow3rConfig()
         return rc.name, Pow3r(cfg, [configured(c, i, known, task) for c in cfg.criteria])
+    if rc.name == "weaver":  # its verifiers are rewards (or judges), resolved here
+        from rollwise.filter.weaver import Weaver, WeaverConfig
+
+        cfg = getattr(rc, "weaver", None)
+        if cfg is None and task is not None and task.name != "arith":
+            raise ConfigError(f"rewards[{i}]: weaver's default verifiers are arith's checks; list this task's "
+                              f"verifiers under rewards[{i}].weaver.verifiers")
+        cfg = cfg or WeaverConfig()
+        return rc.name, Weaver(cfg, [configured(v, i, known, task) for v in cfg.verifiers])
     return reward_function(rc.name, f"rewards[{i}].name", known)
 
 

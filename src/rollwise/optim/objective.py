@@ -161,6 +161,8 @@ class ObjectiveConfig(StrictModel):
     nudge_inter: float = Field(0.5, ge=0, description="nudge: weight of the inter-context term r̄_k − r̄")
     nudge_distill: float = Field(0.1, ge=0, description="nudge: distillation weight added to the advantage of a "
                                  "correct response sampled under a non-empty context")
+    scope_sft_weight: float = Field(0.1, ge=0, description="scope: the advantage of the tokens a corrector wrote "
+                                    "(Rollout.corrected_from on): an SFT term of this weight")
 
     @model_validator(mode="before")
     @classmethod
@@ -211,6 +213,8 @@ def assign_advantages(groups: list[RolloutGroup], cfg: ObjectiveConfig) -> dict[
                 if adv[j] > 0:  # majority_vote: a confident pseudo-label's positives count less (× 1 − share)
                     adv[j] *= r.positive_advantage_scale
                 r.advantage = token_advantages(r, adv[j], steps[j])
+                if r.corrected_from is not None:  # scope: the corrector's tokens train as SFT at this weight
+                    r.advantage[r.corrected_from:] = [cfg.scope_sft_weight] * (len(r.advantage) - r.corrected_from)
                 for s in r.segments or ():  # a harness episode's other segments: its sequence advantage
                     s.advantage = [adv[j]] * len(s.completion_ids)
                 if excluded[j]:  # MC-GRPO's pivot, a failed rollout: no gradient

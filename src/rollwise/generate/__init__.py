@@ -22,10 +22,12 @@ STRATEGIES = {
              "weight (rollout.guide.*)",
     "nudge": "NudgeRL: each group split over K strategy contexts, trained on the bare prompt; inter/intra-context "
              "advantages + distillation (rollout.nudge.*)",
+    "scope": "SCOPE: in groups that all failed, keep a rollout's steps before its first wrong one, the reference "
+             "solution writes the rest (trained as SFT .1), kept if it verifies (rollout.scope.*)",
 }
 # strategies whose rollouts are sampled under a context the trained prompt lacks (or written by a corrector):
 # their behaviour log-probs are another distribution's, so the update needs a per-token IS weight (tis_mode)
-GUIDED = ("guide", "nudge")
+GUIDED = ("guide", "nudge", "scope")
 # rollout.environment (multi-turn episodes) replaces the strategy: generate/episode.py, built by train/build.py
 
 
@@ -58,11 +60,12 @@ def build_generator(rollout, params, decode, pruner=None, gate=None, gate_every:
     from rollwise.generate.group import GroupSampler
     from rollwise.generate.guide import GuideSampler
     from rollwise.generate.nudge import NudgeSampler
+    from rollwise.generate.scope import ScopeSampler
     from rollwise.generate.latr import LatrSampler
     from rollwise.generate.pruned import PrunedSampler
     from rollwise.generate.tree import TreeSampler
 
-    if gate is not None and (pruner is not None or rollout.strategy not in ("group", "guide", "nudge")):
+    if gate is not None and (pruner is not None or rollout.strategy not in ("group", "guide", "nudge", "scope")):
         raise ConfigError(f"a controller that stops rollouts during generation (should_continue) works with "
                           f"rollout.strategy=group, not {rollout.strategy}"
                           + (" or a pruning controller" if pruner else "") + "; set rollout.strategy=group")
@@ -82,6 +85,9 @@ def build_generator(rollout, params, decode, pruner=None, gate=None, gate_every:
             raise ConfigError("rollout.strategy=nudge puts its contexts into the prompts and needs the trainer's "
                               "tokenizer; with rollout.workers use rollout.workers=0")
         return NudgeSampler(params, decode, gate=gate, gate_every=gate_every, nudge=rollout.nudge, encode=encode)
+    if rollout.strategy == "scope":
+        return ScopeSampler(params, decode, gate=gate, gate_every=gate_every, scope=rollout.scope,
+                            group_size=rollout.num_generations)
     if rollout.strategy == "guide":
         return GuideSampler(params, decode, gate=gate, gate_every=gate_every, guide=rollout.guide,
                             group_size=rollout.num_generations)

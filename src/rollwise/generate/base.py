@@ -44,6 +44,10 @@ class Rounds(Protocol):
         """The token ids of ``prompt`` (its text or messages, through the chat template where the task uses one)."""
         ...
 
+    def encode_text(self, text: str) -> list[int]:
+        """The token ids of completion text (no special tokens added): what a corrector writes."""
+        ...
+
     def demonstrate(self, prompt: Prompt) -> str | None:
         """The task's demonstration (a correct completion) of ``prompt``, or None when it has none."""
         ...

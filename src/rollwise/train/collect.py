@@ -89,6 +89,9 @@ class RoundSampler:
     def encode(self, prompt: Prompt) -> list[int]:
         return encode_prompt(self.trainer.tokenizer, prompt)
 
+    def encode_text(self, text: str) -> list[int]:
+        return list(self.trainer.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def demonstrate(self, prompt: Prompt) -> str | None:
         """The task's demonstration as one text (a multi-turn one: what the model writes, joined)."""
         demo = self.trainer.task.demonstrate(prompt) if self.trainer.task.demonstrate else None

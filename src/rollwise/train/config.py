@@ -26,6 +26,7 @@ from rollwise.generate import GUIDED, STRATEGIES
 from rollwise.generate.april import AprilConfig
 from rollwise.generate.guide import GuideConfig
 from rollwise.generate.nudge import NUDGE_OBJECTIVE, NudgeConfig
+from rollwise.generate.scope import ScopeConfig
 from rollwise.generate.latr import LatrConfig
 from rollwise.generate.tree import TreeConfig
 from rollwise.model.load import ModelConfig
@@ -80,6 +81,7 @@ class RolloutConfig(StrictModel):
     april: AprilConfig = Field(default_factory=AprilConfig, description="strategy=april (APRIL) options")
     guide: GuideConfig = Field(default_factory=GuideConfig, description="strategy=guide (Guide) options")
     nudge: NudgeConfig = Field(default_factory=NudgeConfig, description="strategy=nudge (NudgeRL) options")
+    scope: ScopeConfig = Field(default_factory=ScopeConfig, description="strategy=scope (SCOPE) options")
     workers: int = Field(0, ge=0, description="rollout workers: N Ray actors, each with its own engine, generate and "
                          "score the step's prompts (0 = in-process; pip install 'rollwise[ray]'; dist/)")
     worker_resources: WorkerResources = Field(default_factory=WorkerResources,
@@ -328,7 +330,8 @@ FILLS = (
     SectionFill("replay.method=remix", "objective.beta and objective.prox_kl_coef = replay.remix.beta / 2 "
                 "(ReMix's KL-convex constraint; replay.remix_objective)", _fill_remix),
     SectionFill("a run that trains tokens sampled by older policies (train.mode=async with max_staleness >= 1, "
-                "a replay method that serves stored groups, rollout.strategy=april, a guided strategy: guide, nudge)",
+                "a replay method that serves stored groups, rollout.strategy=april, a guided strategy: guide, nudge, "
+                "scope)",
                 "objective.tis_mode = token_truncate, unless the objective preset sets tis_mode "
                 "(optim.objective.STALE_TOKEN_OBJECTIVE)", _fill_stale_token_correction),
     SectionFill("an engine that may sample below fp32 (rollout.engine_dtype=bfloat16; auto on CUDA or on a CPU with "

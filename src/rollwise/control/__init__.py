@@ -21,6 +21,7 @@ from rollwise.control.dars import DarsConfig
 from rollwise.control.difficulty import DifficultyConfig
 from rollwise.control.dynamic_sampling import DynamicSamplingConfig
 from rollwise.control.gdro import GdroConfig
+from rollwise.control.masa import MasaConfig
 from rollwise.control.stats import PromptStats
 from rollwise.control.trace import TraceConfig
 from rollwise.control.vade import VadeConfig
@@ -39,6 +40,7 @@ CONTROLLERS = {
     "difficulty_select": "sample prompts by estimated a(1-a), a from attention over rolled-out references",
     "arrol": "ARRoL: start 2G, prune to G at a segment by a probe on hidden states (balanced survivors)",
     "trace": "TRACE (episodes): G/2 episodes, the rest restarted from turn prefixes of highest p(1-p)/(1+n)",
+    "masa": "MASA: the policy predicts its pass rate and correct length; calibrated, skip p̂ < .05 or > .95, cut at 2L̂",
 }
 
 EPISODES_ONLY = ("trace",)  # controllers that allocate over the turns of multi-turn episodes (rollout.environment)
@@ -56,6 +58,7 @@ class ControlConfig(StrictModel):
                                                 description="method=difficulty_select options")
     arrol: ArrolConfig = Field(default_factory=ArrolConfig, description="method=arrol options")
     trace: TraceConfig = Field(default_factory=TraceConfig, description="method=trace options")
+    masa: MasaConfig = Field(default_factory=MasaConfig, description="method=masa (MASA) options")
 
 
 def check_composition(control: ControlConfig, rollout) -> None:
@@ -90,9 +93,9 @@ def check_composition(control: ControlConfig, rollout) -> None:
                           "set rollout.num_generations >= 2")
 
 
-def build_controller(control: ControlConfig, rollout, seed: int, embed=None) -> Controller:
+def build_controller(control: ControlConfig, rollout, seed: int, embed=None, meta=None) -> Controller:
     """The controller ``control.method`` names (``embed``: prompts -> normalised embeddings, for
-    difficulty_select)."""
+    difficulty_select; ``meta``: prompts -> the policy's (p̂, L̂), for masa)."""
     from rollwise.control.arrol import Arrol
     from rollwise.control.dars import Dars
     from rollwise.control.difficulty import DifficultySelect
@@ -121,4 +124,8 @@ def build_controller(control: ControlConfig, rollout, seed: int, embed=None) -> 
         return Arrol(control.arrol, max_new_tokens=rollout.max_new_tokens, **kw)
     if m == "trace":
         return Trace(control.trace, **kw)
+    if m == "masa":
+        from rollwise.control.masa import Masa
+
+        return Masa(control.masa, predict=meta, **kw)
     return Controller(**kw)

@@ -27,6 +27,7 @@ import torch
 from rollwise import seeds
 from rollwise.control import PromptCursor, PromptStats, build_controller
 from rollwise.control.difficulty import PolicyEmbedder
+from rollwise.control.masa import MetaReadout
 from rollwise.control.rounds import PromptPrefixes, accept_and_refill, extend_rounds
 from rollwise.engine import make_engine
 from rollwise.eval.accuracy import EvalResult, evaluate
@@ -97,7 +98,8 @@ class Trainer:
         self.sampling = sampling_params(r, self.tokenizer)
         self.stats = PromptStats()  # per-prompt running statistics the controller reads
         embed = PolicyEmbedder(self.sampling_policy, self.tokenizer.pad_token_id)  # difficulty_select's
-        self.set_controller(build_controller(cfg.control, r, cfg.seed, embed=embed))
+        meta = MetaReadout(self.sampling_policy, self.tokenizer, cfg.control.masa.length_unit)  # masa's p̂, L̂
+        self.set_controller(build_controller(cfg.control, r, cfg.seed, embed=embed, meta=meta))
         check_replay(cfg.replay, r, cfg.objective)
         check_guidance(r, cfg.objective)  # guide: hinted rollouts need an IS weight
         # no fixed step count: step() reports the run's progress towards whichever limit stops it

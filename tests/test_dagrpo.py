@@ -70,3 +70,71 @@ def test_the_preset_differs_from_grpo_on_a_look_alike_group():
     assign_advantages(b, grpo)
     assert [r.advantage[0] for r in a[0].rollouts] == pytest.approx([0.577, 0.0, -0.577], abs=1e-3)
     assert [r.advantage[0] for r in b[0].rollouts] == pytest.approx([1.155, -0.577, -0.577], abs=1e-3)
+
+
+class AnchorRounds:
+    """The arith task's demonstration and verifier; char-level ids; the policy's own log-probs −0.25."""
+
+    def __init__(self, demo=None):
+        self.demo = demo
+
+    def demonstrate(self, prompt):
+        from rollwise.tasks.arith import solve
+
+        return self.demo if self.demo is not None else solve(prompt.columns["a"], prompt.columns["op"],
+                                                             prompt.columns["b"])
+
+    def encode_text(self, text):
+        return [ord(c) for c in text]
+
+    def logprobs(self, prompt_ids, completion_ids):
+        return [-0.25] * len(completion_ids)
+
+    def score(self, groups):
+        from rollwise.filter.arith import arith_reward
+
+        for g in groups:
+            for r in g.rollouts:
+                r.reward = r.score = float(arith_reward([""], [r.completion_text], answer=[g.prompt.answer])[0])
+        return {}
+
+
+def arith_group(rewards):
+    from rollwise.tasks.arith import make_prompt
+
+    prompt = make_prompt("p", 12, "+", 7)
+    prompt.token_ids = [1, 2, 3]
+    g = group(rewards, [[5, 6]] * len(rewards))
+    g.prompt = prompt
+    return g
+
+
+def test_anchors_join_groups_with_at_most_one_positive():
+    """METHODS.md: one reference answer (r = 1, ratio fixed at 1: behaviour log-probs = the policy's own) joins a
+    group with at most one positive; a group with two positives gets none; a reference that does not verify none."""
+    from rollwise.generate.anchor import add_anchors
+
+    hard, easy = arith_group([1, 0, 0]), arith_group([1, 1, 0])
+    metrics = add_anchors([hard, easy], AnchorRounds(), (99,))
+    assert len(hard.rollouts) == 4 and len(easy.rollouts) == 3
+    anchor = hard.rollouts[-1]
+    assert anchor.completion_text == " 2+7+0=09 1+0+0=01 #19" and anchor.reward == 1.0
+    assert anchor.completion_ids == [ord(c) for c in anchor.completion_text] + [99]
+    assert anchor.prompt_ids == [1, 2, 3] and anchor.behavior_logprobs == [-0.25] * len(anchor.completion_ids)
+    assert metrics == {"anchor/tried": 1.0, "anchor/added": 1.0}
+    wrong = arith_group([0, 0])
+    assert add_anchors([wrong], AnchorRounds(demo=" #20"), (99,))["anchor/added"] == 0 and len(wrong.rollouts) == 2
+
+
+def test_the_preset_turns_anchors_on_for_flat_groups_only():
+    from rollwise.config import ConfigError
+    from rollwise.engine.sampling import SamplingParams
+    from rollwise.generate import build_generator
+
+    cfg = load_run_config(None, ["objective.method=dagrpo"])
+    assert cfg.rollout.anchors and not load_run_config(None, ["objective.method=dagrpo", "rollout.anchors=false"]
+                                                       ).rollout.anchors
+    assert build_generator(cfg.rollout, SamplingParams(), str).anchors
+    with pytest.raises(ConfigError, match="rollout.anchors"):
+        build_generator(load_run_config(None, ["objective.method=dagrpo", "rollout.strategy=tree"]).rollout,
+                        SamplingParams(), str)

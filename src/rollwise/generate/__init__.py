@@ -65,7 +65,12 @@ def build_generator(rollout, params, decode, pruner=None, gate=None, gate_every:
     from rollwise.generate.pruned import PrunedSampler
     from rollwise.generate.tree import TreeSampler
 
-    if gate is not None and (pruner is not None or rollout.strategy not in ("group", "guide", "nudge", "scope")):
+    flat = ("group", "guide", "nudge", "scope")  # group sampling underneath
+    if rollout.anchors and (pruner is not None or rollout.strategy not in flat):
+        raise ConfigError("rollout.anchors (DaGRPO's reference-solution anchors; objective.method=dagrpo turns them "
+                          f"on) add a rollout to a flat group, not to rollout.strategy={rollout.strategy}"
+                          + (" or a pruning controller" if pruner else "") + "; set rollout.anchors=false")
+    if gate is not None and (pruner is not None or rollout.strategy not in flat):
         raise ConfigError(f"a controller that stops rollouts during generation (should_continue) works with "
                           f"rollout.strategy=group, not {rollout.strategy}"
                           + (" or a pruning controller" if pruner else "") + "; set rollout.strategy=group")
@@ -84,12 +89,13 @@ def build_generator(rollout, params, decode, pruner=None, gate=None, gate_every:
         if encode is None:
             raise ConfigError("rollout.strategy=nudge puts its contexts into the prompts and needs the trainer's "
                               "tokenizer; with rollout.workers use rollout.workers=0")
-        return NudgeSampler(params, decode, gate=gate, gate_every=gate_every, nudge=rollout.nudge, encode=encode)
+        return NudgeSampler(params, decode, gate=gate, gate_every=gate_every, nudge=rollout.nudge, encode=encode,
+                            anchors=rollout.anchors)
     if rollout.strategy == "scope":
         return ScopeSampler(params, decode, gate=gate, gate_every=gate_every, scope=rollout.scope,
-                            group_size=rollout.num_generations)
+                            group_size=rollout.num_generations, anchors=rollout.anchors)
     if rollout.strategy == "guide":
         return GuideSampler(params, decode, gate=gate, gate_every=gate_every, guide=rollout.guide,
-                            group_size=rollout.num_generations)
-    return GroupSampler(params, decode, gate=gate, gate_every=gate_every)
+                            group_size=rollout.num_generations, anchors=rollout.anchors)
+    return GroupSampler(params, decode, gate=gate, gate_every=gate_every, anchors=rollout.anchors)
 

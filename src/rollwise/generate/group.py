@@ -35,6 +35,7 @@ class GroupSampler(Generator):
     decode: object  # token ids -> text (the tokenizer's decode, special tokens skipped)
     gate: Callable[[Partial], bool] | None = None  # online pruning: False stops the rollout
     gate_every: int = 0  # tokens between two gate calls on one rollout
+    anchors: bool = False  # DaGRPO: the reference solution joins groups with <= 1 correct (generate/anchor.py)
 
     def generate(self, engine: TokenEngine, prompts: list[Prompt], budgets: list[int],
                  seed: int) -> tuple[list[RolloutGroup], dict[str, float]]:
@@ -54,6 +55,14 @@ class GroupSampler(Generator):
             if c is not None:
                 groups[pi].rollouts.append(to_rollout(prompts[pi], c, self.decode))
         return groups, metrics
+
+    def revise(self, groups: list[RolloutGroup], rounds) -> dict[str, float]:
+        """DaGRPO's anchors when ``anchors`` is on (subclasses call this after their own revision)."""
+        if not self.anchors:
+            return {}
+        from rollwise.generate.anchor import add_anchors
+
+        return add_anchors(groups, rounds, self.params.stop_token_ids)
 
     def gated(self, engine: BranchingEngine, requests: list[Request], owners: list[int],
               prompts: list[Prompt]) -> tuple[list[Completion | None], dict[str, float]]:

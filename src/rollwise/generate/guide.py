@@ -106,7 +106,8 @@ class GuideSampler(GroupSampler):
         metrics = {"guide/failed_groups": float(sum(failed(g) for g in groups)),
                    "guide/guided_groups": float(len(todo))}
         if not todo:
-            return metrics | {"guide/guided_rollouts": 0.0, "guide/guided_correct": 0.0, "guide/tokens": 0.0}
+            return metrics | super().revise(groups, rounds) | {"guide/guided_rollouts": 0.0,
+                                                               "guide/guided_correct": 0.0, "guide/tokens": 0.0}
         prompts = [with_context(g.prompt, hint, self.guide.template, rounds.encode) for g, hint in todo]
         guided, _, sampled = rounds.sample(prompts, [self.num_guided] * len(prompts), seeds.GUIDED_ROUND,
                                            observe=False)
@@ -118,5 +119,6 @@ class GuideSampler(GroupSampler):
                 n += 1
                 correct += r.correct
             g.rollouts.extend(more.rollouts)
-        return metrics | {"guide/guided_rollouts": float(n), "guide/guided_correct": correct / max(n, 1),
-                          "guide/tokens": float(sampled)}
+        return metrics | super().revise(groups, rounds) | {"guide/guided_rollouts": float(n),
+                                                           "guide/guided_correct": correct / max(n, 1),
+                                                           "guide/tokens": float(sampled)}

@@ -108,7 +108,8 @@ class ScopeSampler(GroupSampler):
                     g.rollouts[i] = fixed
                     kept += 1
                     tokens += fixed.num_tokens - fixed.corrected_from
-        return {"scope/corrected": float(kept), "scope/tried": float(tried), "scope/corrector_tokens": float(tokens)}
+        return super().revise(groups, rounds) | {"scope/corrected": float(kept), "scope/tried": float(tried),
+                                                 "scope/corrector_tokens": float(tokens)}
 
     def correct(self, r: Rollout, k: int, reference: str, want: list[str], rounds: Rounds) -> Rollout:
         """``r`` with its steps from ``k`` on replaced by the reference's: its own token ids up to the last

@@ -18,10 +18,12 @@ GRPO; a group without reward spread gets 0, as every estimator gives it.
     >>> [round(float(x), 3) for x in a]
     [0.577, 0.0, -0.577]
 
-Where we depart: the paper's second half — injecting a high-quality off-policy anchor (a reference
-answer, r = 1, ratio fixed at 1) into hard groups — is not part of this estimator (it needs a
-demonstration from the task: the Generate stage's ``guide``/``scope`` machinery, not an advantage);
-the divisor is the whole group's std, not the std over the unmasked pairs.
+The paper's second half — a high-quality off-policy anchor (a reference answer, r = 1, ratio fixed
+at 1) injected into groups with at most one positive — is a Generate-stage step
+(``generate/anchor.py``, ``rollout.anchors``), which ``objective.method: dagrpo`` turns on.
+
+Where we depart: the divisor is the whole group's std, not the std over the unmasked pairs; anchors
+are the task's reference solution, not a stronger model's answers.
 """
 
 from __future__ import annotations

@@ -98,6 +98,7 @@ PRESETS["sapo_gate"] = PRESETS["sapo"]  # the catalogue's id for the same preset
 # a preset that is a whole method fills other sections too, where the recipe leaves them unset
 # (applied by rollwise.train.config with the other cross-section defaults)
 PRESET_SECTIONS: dict[str, dict[str, dict]] = {"dapo": {"control": {"method": "dynamic_sampling"}}}
+PRESET_SECTIONS["dagrpo"] = {"rollout": {"anchors": True}}  # DaGRPO's reference-solution anchors (generate/anchor.py)
 # the correction a run that trains tokens sampled by older policies gets when neither its recipe nor
 # its preset sets tis_mode: AReaL's decoupled PPO weight sg(min(pi_prox/mu, 2)) per token
 STALE_TOKEN_OBJECTIVE = {"tis_mode": "token_truncate"}

@@ -82,6 +82,9 @@ class RolloutConfig(StrictModel):
     guide: GuideConfig = Field(default_factory=GuideConfig, description="strategy=guide (Guide) options")
     nudge: NudgeConfig = Field(default_factory=NudgeConfig, description="strategy=nudge (NudgeRL) options")
     scope: ScopeConfig = Field(default_factory=ScopeConfig, description="strategy=scope (SCOPE) options")
+    anchors: bool = Field(False, description="DaGRPO's off-policy anchors: a group with at most one correct rollout "
+                          "gets the task's reference solution as one more rollout if it verifies (r = 1, ratio 1); "
+                          "objective.method=dagrpo turns it on (generate/anchor.py)")
     workers: int = Field(0, ge=0, description="rollout workers: N Ray actors, each with its own engine, generate and "
                          "score the step's prompts (0 = in-process; pip install 'rollwise[ray]'; dist/)")
     worker_resources: WorkerResources = Field(default_factory=WorkerResources,

@@ -148,8 +148,8 @@ class Rollout:
     failure: str | None = None  # why the rollout could not be scored (a harness that raised or hung): reward 0
     # majority_vote: a confident pseudo-label's positive advantages are multiplied by this (1 − share; optim)
     positive_advantage_scale: float = 1.0
-    value_baseline: float | None = None  # poise: b_i, the value probe's estimate from the group's other rollouts
-    value_baseline: float | None = None  # poise: b_i, the value probe's estimate from the group's other rollouts
+    # poise: b_i, the value probe's estimate from the group's other rollouts; v05: the group's fused baseline b
+    value_baseline: float | None = None
     # guided exploration (generate/guide.py, nudge.py): the context the rollout was sampled under — a hint, a
     # strategy — prepended to the prompt; ``prompt_ids`` are the bare prompt's all the same (it trains on x, its
     # behaviour log-probs are those under x⊕context: the IS weight corrects the gap). None = sampled from x itself

@@ -24,6 +24,7 @@ from rollwise.control.gdro import GdroConfig
 from rollwise.control.masa import MasaConfig
 from rollwise.control.stats import PromptStats
 from rollwise.control.trace import TraceConfig
+from rollwise.control.v05 import V05Config
 from rollwise.control.vade import VadeConfig
 from rollwise.control.xrpo import XrpoConfig
 
@@ -41,6 +42,8 @@ CONTROLLERS = {
     "arrol": "ARRoL: start 2G, prune to G at a segment by a probe on hidden states (balanced survivors)",
     "trace": "TRACE (episodes): G/2 episodes, the rest restarted from turn prefixes of highest p(1-p)/(1+n)",
     "masa": "MASA: the policy predicts its pass rate and correct length; calibrated, skip p̂ < .05 or > .95, cut at 2L̂",
+    "v05": "V0.5 (objective.method=v05 fills it): test each group against its prior V_0, n more rollouts if rejected, "
+           "the fused baseline on the rollouts",
 }
 
 EPISODES_ONLY = ("trace",)  # controllers that allocate over the turns of multi-turn episodes (rollout.environment)
@@ -59,6 +62,7 @@ class ControlConfig(StrictModel):
     arrol: ArrolConfig = Field(default_factory=ArrolConfig, description="method=arrol options")
     trace: TraceConfig = Field(default_factory=TraceConfig, description="method=trace options")
     masa: MasaConfig = Field(default_factory=MasaConfig, description="method=masa (MASA) options")
+    v05: V05Config = Field(default_factory=V05Config, description="method=v05 (V0.5's prior test; objective.method=v05)")
 
 
 def check_composition(control: ControlConfig, rollout) -> None:
@@ -124,6 +128,10 @@ def build_controller(control: ControlConfig, rollout, seed: int, embed=None, met
         return Arrol(control.arrol, max_new_tokens=rollout.max_new_tokens, **kw)
     if m == "trace":
         return Trace(control.trace, **kw)
+    if m == "v05":
+        from rollwise.control.v05 import V05
+
+        return V05(control.v05, **kw)
     if m == "masa":
         from rollwise.control.masa import Masa
 

@@ -47,6 +47,7 @@ from rollwise.optim.advantages import (
 from rollwise.optim.batch import episode_tokens
 from rollwise.optim.dagrpo import dagrpo_advantages
 from rollwise.optim.correction import IS_WEIGHT_MODES, TISMode, behavior_weights
+from rollwise.optim.v05 import v05_advantages
 from rollwise.optim.losses import (
     ISLevel,
     KLEstimator,
@@ -80,8 +81,8 @@ PRESETS: dict[str, dict] = {
     "drpo": {"advantage": "drpo", "scale_rewards": "none", "loss_agg": "seq_mean_token_mean"},
     # r − b, b from a value probe on the policy's hidden states of the group's other rollouts (optim/poise.py)
     "poise": {"advantage": "poise", "scale_rewards": "none", "loss_agg": "seq_mean_token_mean"},
-    # r − b, b from a value probe on the policy's hidden states of the group's other rollouts (optim/poise.py)
-    "poise": {"advantage": "poise", "scale_rewards": "none", "loss_agg": "seq_mean_token_mean"},
+    # r − b, b = the group mean fused with a value prior V_0 (optim/v05.py); its control half fills control.method
+    "v05": {"advantage": "v05", "scale_rewards": "none", "loss_agg": "seq_mean_token_mean"},
     # GRPO's pairwise form with look-alike pairs (4-gram Jaccard > .8) left out (optim/dagrpo.py)
     "dagrpo": {"advantage": "dagrpo", "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
     # GRPO + GiGPO's step term on multi-turn episodes (Rollout.turns); exactly GRPO where no state repeats
@@ -97,12 +98,13 @@ PRESETS: dict[str, dict] = {
 PRESETS["sapo_gate"] = PRESETS["sapo"]  # the catalogue's id for the same preset
 # a preset that is a whole method fills other sections too, where the recipe leaves them unset
 # (applied by rollwise.train.config with the other cross-section defaults)
-PRESET_SECTIONS: dict[str, dict[str, dict]] = {"dapo": {"control": {"method": "dynamic_sampling"}}}
+PRESET_SECTIONS: dict[str, dict[str, dict]] = {"dapo": {"control": {"method": "dynamic_sampling"}},
+                                                "v05": {"control": {"method": "v05"}}}  # the prior's test and extra rollouts
 PRESET_SECTIONS["dagrpo"] = {"rollout": {"anchors": True}}  # DaGRPO's reference-solution anchors (generate/anchor.py)
 # the correction a run that trains tokens sampled by older policies gets when neither its recipe nor
 # its preset sets tis_mode: AReaL's decoupled PPO weight sg(min(pi_prox/mu, 2)) per token
 STALE_TOKEN_OBJECTIVE = {"tis_mode": "token_truncate"}
-Advantage = Literal["group", "rloo", "reinforce_pp", "median", "drpo", "gigpo", "poise", "poise", "dagrpo", "nudge"]
+Advantage = Literal["group", "rloo", "reinforce_pp", "median", "drpo", "gigpo", "poise", "dagrpo", "nudge", "v05"]
 
 
 class ObjectiveConfig(StrictModel):
@@ -148,10 +150,6 @@ class ObjectiveConfig(StrictModel):
     tree_mix: float = Field(0.5, ge=0, le=1, description="tree_adv weight of the fork-relative (local) term")
     gigpo_gamma: float = Field(0.95, ge=0, le=1, description="gigpo: discount of the per-turn returns z-scored "
                                "within anchor states")
-    poise_hidden: int = Field(64, ge=1, description="poise: width of the value probe's hidden layer")
-    poise_buffer: int = Field(4096, ge=1, description="poise: recent rollouts the value probe is fit on")
-    poise_steps: int = Field(50, ge=1, description="poise: Adam steps per refit of the value probe (once a step)")
-    poise_lr: float = Field(0.01, gt=0, description="poise: the value probe's learning rate")
     poise_hidden: int = Field(64, ge=1, description="poise: width of the value probe's hidden layer")
     poise_buffer: int = Field(4096, ge=1, description="poise: recent rollouts the value probe is fit on")
     poise_steps: int = Field(50, ge=1, description="poise: Adam steps per refit of the value probe (once a step)")
@@ -264,16 +262,6 @@ def _poise(rollouts, rewards, group_ids, cfg):
     return poise_advantages(rewards, torch.tensor([r.value_baseline for r in rollouts], dtype=rewards.dtype))
 
 
-def _poise(rollouts, rewards, group_ids, cfg):
-    """r − b, b the value probe's cross-rollout baseline the trainer set (``optim/poise.py``)."""
-    from rollwise.optim.poise import poise_advantages
-
-    if any(r.value_baseline is None for r in rollouts):
-        raise ValueError("objective.advantage=poise needs each rollout's value_baseline (the Trainer's value probe "
-                         "sets it: optim.poise.ValueBaseline.assign)")
-    return poise_advantages(rewards, torch.tensor([r.value_baseline for r in rollouts], dtype=rewards.dtype))
-
-
 def _gigpo(rollouts, rewards, group_ids, cfg):
     """A^E [N] and A^S per turn (None for a rollout without turns: plain GRPO)."""
     turns = [r.turns for r in rollouts]
@@ -296,10 +284,10 @@ ESTIMATORS = {
         _correct(ro), torch.tensor([float(episode_tokens(x)) for x in ro]), g),
     "gigpo": _gigpo,
     "poise": _poise,
-    "poise": _poise,
     "dagrpo": lambda ro, r, g, cfg: dagrpo_advantages(r, g, [x.completion_ids for x in ro], cfg.scale_rewards,
                                                       cfg.dagrpo_ngram, cfg.dagrpo_similarity),
     "nudge": lambda ro, r, g, cfg: _nudge(ro, r, g, cfg),
+    "v05": lambda ro, r, g, cfg: v05_advantages(ro, r, g),  # Rollout.value_baseline from control.method=v05
 }
 
 

@@ -314,7 +314,8 @@ class Trainer:
         self.log = MetricsLog(self.run_dir, resume_from_step=self.state.step if ckpt else None,
                               report_to=self.cfg.train.report_to, config=self.cfg.model_dump(mode="json"))
         self.rollout_log = RolloutLog(self.run_dir, self.cfg.train.log_rollouts, self.cfg.train.rollouts_mb,
-                                      resume_from_step=self.state.step if ckpt else None)
+                                      resume_from_step=self.state.step if ckpt else None,
+                                      decode=self.tokenizer.decode)  # special tokens kept: the prompt as rendered
 
     def init_model_dir(self) -> Path:
         """The directory holding the RL starting weights (``init_model/`` or the recorded source)."""

@@ -155,3 +155,20 @@ def test_the_tool_use_curves_are_key_and_plotted_from_the_metrics(drawn, run_dir
     assert {"eval/tool_calls_mean", "eval/parse_failure_rate", "eval/turns_mean", "eval/failed_episodes"} <= names
     logged = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
     assert logged["eval/tool_calls_mean"] == 1.0 and logged["eval/parse_failure_rate"] == 0.5
+
+
+def test_a_calculator_run_logs_its_episodes_prompt_as_rendered(tmp_path):
+    """A one-step run of recipes/tiny_calculator.yaml (no SFT): its logged episode groups carry the prompt ids
+    decoded with the tokenizer's special tokens."""
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+
+    sets = [f"output_dir={tmp_path}", "name=calc", "sft.steps=0", "train.steps=1", "train.eval_every=0",
+            "task.eval_size=2", "rollout.prompts_per_step=2", "rollout.num_generations=2", "rollout.max_new_tokens=16"]
+    with Trainer(load_run_config("recipes/tiny_calculator.yaml", sets)) as trainer:
+        trainer.prepare()
+        trainer.fit()
+        groups = [json.loads(ln) for ln in (tmp_path / "calc" / "rollouts.jsonl").read_text().splitlines()]
+        tok = trainer.tokenizer
+    assert groups and all(g["prompt_rendered"] == tok.decode(tok(g["prompt"])["input_ids"]) for g in groups)
+    assert all(g["prompt_rendered"].startswith(tok.bos_token) for g in groups)

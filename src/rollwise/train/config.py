@@ -342,8 +342,9 @@ FILLS = (
                 "(train.precision)", _fill_low_precision_correction),
     SectionFill("rollout.strategy=nudge", "objective.advantage = nudge, objective.scale_rewards = none (NudgeRL's "
                 "inter/intra-context advantage; generate.nudge.NUDGE_OBJECTIVE)", _fill_nudge),
-    SectionFill("objective.method=dapo", "control.method = dynamic_sampling (DAPO is its loss and its dynamic "
-                "sampling; optim.objective.PRESET_SECTIONS)", _fill_preset_sections),
+    SectionFill("objective.method=dapo or v05", "control.method = dynamic_sampling (DAPO is its loss and its dynamic "
+                "sampling) or v05 (V0.5's prior test and extra rollouts); optim.objective.PRESET_SECTIONS",
+                _fill_preset_sections),
 )
 
 

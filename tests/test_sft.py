@@ -51,3 +51,19 @@ def test_file_task_with_demo_field_logs_its_sft_loss(tmp_path):
         "task.prompt_field=q", "task.answer_field=a", "task.demo_field=worked", "sft.steps=2"]))
     trainer.prepare()
     assert len((tmp_path / "demo" / "sft.jsonl").read_text().splitlines()) == 2
+
+
+def test_an_engine_sampling_from_its_own_copy_samples_the_warm_started_weights(tmp_path):
+    """rollout.engine_dtype=bfloat16: the engine casts the weights into its own copy; after the warm start
+    that copy is the warm-started model's (the first eval and RL step sample it), and the version is
+    still 0 (a token's version counts RL updates)."""
+    import torch
+
+    cfg = load_run_config(None, [f"output_dir={tmp_path}", "name=bf16", *FAST, "sft.steps=2", "sft.lr=0.05",
+                                 "rollout.engine_dtype=bfloat16"])
+    with Trainer(cfg) as trainer:
+        trainer.prepare()
+        embed = trainer.model.get_input_embeddings().weight
+        copy = trainer.engine.forward.embed
+        assert copy.dtype == torch.bfloat16 and torch.equal(copy, embed.detach().to(torch.bfloat16))
+        assert trainer.engine.version == 0

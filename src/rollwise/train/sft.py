@@ -196,9 +196,15 @@ def warm_start(trainer, on_step: Callable[[int, float], None] | None = None, log
     rendered as its episodes are (an environment run), ``optim.micro_batch_size`` per forward; what
     ``rollwise train`` and ``rollwise sft`` run."""
     s = settings or trainer.cfg.sft
-    return sft(trainer.model, trainer.tokenizer, trainer.task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
-               on_step=on_step, log_to=log_to, episodes=EpisodeFormat.of(trainer.generator),
-               micro_batch_size=trainer.cfg.optim.micro_batch_size)
+    losses = sft(trainer.model, trainer.tokenizer, trainer.task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
+                 on_step=on_step, log_to=log_to, episodes=EpisodeFormat.of(trainer.generator),
+                 micro_batch_size=trainer.cfg.optim.micro_batch_size)
+    # an engine sampling from its own copy (rollout.engine_dtype bf16) cast the weights before the warm start:
+    # it re-reads them now, at the same version (a token's version counts RL updates, not SFT steps)
+    version = trainer.engine.version
+    trainer.engine.load_weights(trainer.model)
+    trainer.engine.version = version
+    return losses
 
 
 def accumulate(model, rows, masks, pad_id: int, device, micro: int) -> float:

@@ -20,7 +20,8 @@ suggests .8 for synthetic tests), or ``r = k/n`` with ``partial=True``. A ``pass
 dataset column sets τ per row. Reasons name the first failing test.
 
 Departures: Python only (Agnostics' per-language YAML ``file``/``compile``/``run`` is not
-implemented); no LLM soft verifier for problems with fewer than 3 tests; the call and assert
+implemented); the LLM soft verifier for problems with fewer than 3 tests is the ``test_threshold``
+reward (``rollwise.filter.soft_verify``), which wraps these; the call and assert
 split compares values with ``==`` after a ``repr``/``literal_eval`` round trip, so results that
 are not literals (custom objects) fail a split assert.
 """

@@ -36,13 +36,14 @@ def builtin_rewards(sandbox=None) -> dict[str, Callable]:
     from rollwise.filter.fapo import Fapo, arith_working
     from rollwise.filter.judge import Judge
     from rollwise.filter.pow3r import Pow3r
+    from rollwise.filter.soft_verify import TestThreshold
     from rollwise.filter.weaver import Weaver
 
     return {"arith": arith_reward, "countdown": countdown_reward, "math_answer": math_answer, "majority_vote": majority_vote, **bound,
             "judge": Judge,  # built from its rewards[].judge section (resolve_rewards)
             "fapo": Fapo(),  # scores whole groups (score_groups)
             "arith_working": arith_working, "pow3r": Pow3r,  # pow3r, weaver: built from their sections (configured)
-            "weaver": Weaver}
+            "weaver": Weaver, "test_threshold": TestThreshold}  # test_threshold: its section, a judge for few tests
 
 
 def reward_function(spec: str, key: str, known: dict[str, Callable]) -> tuple[str, Callable]:
@@ -74,6 +75,13 @@ def configured(rc, i: int, known: dict[str, Callable], task=None) -> tuple[str, 
                               f"task's criteria under rewards[{i}].pow3r.criteria")
         cfg = cfg or Pow3rConfig()
         return rc.name, Pow3r(cfg, [configured(c, i, known, task) for c in cfg.criteria])
+    if rc.name == "test_threshold":  # tests at a threshold; a judge (its soft verifier) where tests are few
+        from rollwise.filter.judge import Judge
+        from rollwise.filter.soft_verify import TestThreshold, TestThresholdConfig
+
+        cfg = getattr(rc, "test_threshold", None) or TestThresholdConfig()
+        judge = Judge(cfg.judge, name=rc.name) if cfg.judge is not None else None
+        return rc.name, TestThreshold(cfg, known[cfg.tests], judge)
     if rc.name == "weaver":  # its verifiers are rewards (or judges), resolved here
         from rollwise.filter.weaver import Weaver, WeaverConfig
 

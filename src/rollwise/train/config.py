@@ -19,6 +19,7 @@ from rollwise.control import ControlConfig
 from rollwise.replay import ReplayConfig, remix_objective, replay_serves_stored_groups
 from rollwise.filter.judge import JudgeConfig
 from rollwise.filter.pow3r import Pow3rConfig
+from rollwise.filter.soft_verify import TestThresholdConfig
 from rollwise.filter.weaver import WeaverConfig
 from rollwise.filter.majority_vote import MajorityVoteConfig
 from rollwise.filter.sandbox.config import SandboxConfig
@@ -213,6 +214,17 @@ class RewardConfig(StrictModel):
     def _weaver_section(self):
         if self.weaver is not None and self.name != "weaver":
             raise ValueError(f"rewards[].weaver: only a weaver reward has this section (name is {self.name!r})")
+        return self
+
+    test_threshold: TestThresholdConfig | None = Field(
+        None, description="name: test_threshold — code tests at a pass threshold, a judge for problems with few "
+        "tests (rollwise.filter.soft_verify)")
+
+    @model_validator(mode="after")
+    def _test_threshold_section(self):
+        if self.test_threshold is not None and self.name != "test_threshold":
+            raise ValueError(f"rewards[].test_threshold: only a test_threshold reward has this section (name is "
+                             f"{self.name!r})")
         return self
 
     majority_vote: MajorityVoteConfig | None = Field(

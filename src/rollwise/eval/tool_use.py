@@ -44,7 +44,8 @@ def _of_calls(metrics: dict, key: str) -> str:
 def table_rows(metrics: dict[str, float], prompts: int) -> list[tuple[str, str]]:
     """``(label, value)`` lines of an eval's metrics (``EvalResult.metrics()``) over ``prompts`` prompts."""
     rows = [("accuracy (greedy)", _pct(metrics["eval/accuracy"]))]
-    rows += [(k.removeprefix("eval/"), _pct(v)) for k, v in metrics.items() if k.startswith(("eval/pass@", "eval/maj@"))]
+    rows += [(k.removeprefix("eval/"), _pct(v)) for k, v in metrics.items()
+             if k.startswith(("eval/pass@", "eval/maj@"))]
     rows.append(("mean length", f"{metrics['eval/mean_length']:.1f} tokens"))
     if "eval/tool_calls_mean" in metrics:
         rows += [("tool calls per episode", f"{metrics['eval/tool_calls_mean']:.3g}"),

@@ -14,8 +14,10 @@ leaves them unset).
 Our choices (METHODS.md ``nudge``): K = 4 contexts (``rollout.nudge.contexts``; an empty string is
 the bare prompt), placed by ``rollout.nudge.template``; λ_inter = .5, λ_distill = .1 in the objective.
 
-Where we depart: the paper's contexts are written per task family; ours are four generic
-strategy lines (set your own); the contexts are fixed, not resampled per step.
+Where we depart: the paper's contexts are written per task family; ours are three generic
+strategy lines plus the bare prompt as the first context (so a group always holds on-policy samples
+of x: on a model that cannot use a context — the tiny one — the other contexts' rollouts all fail,
+and without it a group would carry no signal); the contexts are fixed, not resampled per step.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from rollwise.types import Prompt, RolloutGroup
 
 # what rollout.strategy=nudge fills in the objective where the recipe leaves it unset (train/config.py FILLS)
 NUDGE_OBJECTIVE = {"advantage": "nudge", "scale_rewards": "none"}
-CONTEXTS = ["Work it out step by step.", "Check every step before the next.", "Start from the simplest part.",
-            "Write the answer only when sure."]
+# the first is the bare prompt: a group always holds on-policy samples of x (a model that cannot use a context
+# still gives a signal there)
+CONTEXTS = ["", "Work it out step by step.", "Check every step before the next.", "Start from the simplest part."]
 
 
 class NudgeConfig(StrictModel):

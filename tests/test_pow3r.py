@@ -104,3 +104,5 @@ def test_pow3r_is_one_config_line_and_an_arm():
     countdown = load_run_config(None, ["task.name=countdown", "rewards=[{name: pow3r}]"])
     with pytest.raises(ConfigError, match="list this task's criteria"):
         resolve_rewards(countdown.rewards, countdown.task.build(0), warn=False)
+    with pytest.raises(ConfigError, match="a judge needs its section"):
+        load_run_config(None, ["rewards=[{name: pow3r, pow3r: {criteria: [{name: arith}, {name: judge}]}}]"])

@@ -85,3 +85,6 @@ def test_weaver_is_one_config_line_and_an_arm():
     with pytest.raises(ConfigError, match="at least 3 items|3 or more"):
         load_run_config(None, ["rewards=[{name: weaver, weaver: {verifiers: [{name: arith}, {name: arith}]}}]"])
     assert "reward:weaver" in default_arms() and arm_lines("reward:weaver") == ["rewards=[{name: weaver}]"]
+    with pytest.raises(ConfigError, match="a judge needs its section"):
+        load_run_config(None, ["rewards=[{name: weaver, weaver: {verifiers: [{name: arith}, {name: judge}, "
+                               "{name: math_answer}]}}]"])

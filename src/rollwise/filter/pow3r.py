@@ -34,7 +34,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rollwise.config import StrictModel
 from rollwise.filter.judge import JudgeConfig
@@ -49,6 +49,13 @@ class Pow3rCriterion(StrictModel):
     weight: float = Field(1.0, gt=0, description="the human weight w_c")
     category: str = Field("rubric", description="criteria of one category share its human total")
     judge: JudgeConfig | None = Field(None, description="name: judge — the rubric criterion's judge and rubric")
+
+    @model_validator(mode="after")
+    def _judge_section(self):
+        if (self.name == "judge") != (self.judge is not None):
+            raise ValueError("a judge needs its section and only a judge has one: {name: judge, judge: {rubric: ..., "
+                             "model: {path: ...}}} (or judge.base_url)")
+        return self
 
 
 class Pow3rConfig(StrictModel):

@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rollwise.config import ConfigError, StrictModel
 from rollwise.filter.judge import JudgeConfig
@@ -50,6 +50,13 @@ class VerifierSpec(StrictModel):
 
     name: str = Field(description="a reward known to `rollwise list rewards`, 'package.module:function', or judge")
     judge: JudgeConfig | None = Field(None, description="name: judge — the judge and its rubric")
+
+    @model_validator(mode="after")
+    def _judge_section(self):
+        if (self.name == "judge") != (self.judge is not None):
+            raise ValueError("a judge needs its section and only a judge has one: {name: judge, judge: {rubric: ..., "
+                             "model: {path: ...}}} (or judge.base_url)")
+        return self
 
 
 class WeaverConfig(StrictModel):

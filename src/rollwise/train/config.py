@@ -145,6 +145,11 @@ class OptimConfig(StrictModel):
         True, description="packed forward: rows of a micro-batch with identical prompt ids (a GRPO group) compute "
         "the prompt once and attend to it from each completion — the same log-probs and gradients, fewer tokens "
         "(update/prompt_tokens_shared); false lays out every row whole, for comparisons")
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="the update's matmuls: bfloat16 = autocast around its forwards and backward (fp32 master "
+        "weights, optimizer state, log-softmax and loss), auto = bf16 where native (a CPU with AVX-512 BF16/AMX whose "
+        "benchmark finds it faster, CUDA with bf16), else fp32; a policy loaded below fp32 (model.dtype) trains in "
+        "its own dtype (docs/training.md#precision)")
 
 
 class TrainConfig(StrictModel):

@@ -91,6 +91,9 @@ class Trainer:
         # the engine samples from its own copy in this precision; the guard watches the mismatch (train/precision.py)
         self.engine_dtype, self.engine_dtype_reason = precision.choose(r.engine_dtype, self.model)
         self.guard = precision.MismatchGuard(r.engine_dtype, self.engine_dtype, r.mismatch_kl_bound)
+        self.compute_dtype, self.compute_dtype_reason = precision.choose_update(cfg.optim.compute_dtype, self.model)
+        precision.start_note((self.engine_dtype, self.engine_dtype_reason),
+                             (self.compute_dtype, self.compute_dtype_reason))
         self.engine = make_engine(self.model, pad_token_id=self.tokenizer.pad_token_id,
                                   max_batch_size=r.max_batch_size, seed=cfg.seed, kind=r.engine,
                                   dtype=self.engine_dtype)
@@ -260,7 +263,7 @@ class Trainer:
                           micro_batch_size=o.micro_batch_size, max_grad_norm=o.max_grad_norm,
                           temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
                           skip_zero_advantage=o.skip_zero_advantage, logits_budget_mb=o.logits_budget_mb,
-                          packed=self.packed, share_prompts=o.share_prompts)
+                          packed=self.packed, share_prompts=o.share_prompts, compute_dtype=self.compute_dtype)
 
     # -- async: the producer (train/pipeline.py) -------------------------------------------
     def take_from_pipeline(self) -> tuple[ScoredBatch, float]:
@@ -401,7 +404,7 @@ class Trainer:
 
     def summary(self) -> dict:
         return run_summary(self.state, self.cfg, self.task.name, self.judge.name, bool(self.eval_prompts)) | \
-            precision.summary(self.guard)
+            precision.summary(self.guard, (self.compute_dtype, self.compute_dtype_reason))
 
     def write_report(self) -> Path | None:
         """Write ``report.html`` into the run directory; a failure is a warning, never a failed run."""

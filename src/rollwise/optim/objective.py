@@ -92,6 +92,8 @@ PRESETS: dict[str, dict] = {
     "high_entropy_steps": {"top_entropy_quantile": 0.2, "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
     "ace": {"shaping": ["ace"], "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
     "novelty_sharpen": {"shaping": ["novelty_sharpen"], "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
+    # ConciseR: GRPO++ (clip-higher, dynamic sampling in control), then L-GRPO's length term (optim/concise_r.py)
+    "concise_r": {"scale_rewards": "group", "loss_agg": "token_mean", "epsilon_high": 0.28, "concise_r": True},
     # AReaL's decoupled PPO: clip r = π_θ/π_prox, weight by sg(min(π_prox/μ, 2)) per token (train.mode=async)
     "decoupled_ppo": {"scale_rewards": "group", "loss_agg": "token_mean", "tis_mode": "token_truncate", "tis_cap": 2.0},
 }
@@ -100,6 +102,7 @@ PRESETS["sapo_gate"] = PRESETS["sapo"]  # the catalogue's id for the same preset
 # (applied by rollwise.train.config with the other cross-section defaults)
 PRESET_SECTIONS: dict[str, dict[str, dict]] = {"dapo": {"control": {"method": "dynamic_sampling"}},
                                                 "v05": {"control": {"method": "v05"}}}  # the prior's test and extra rollouts
+PRESET_SECTIONS["concise_r"] = {"control": {"method": "dynamic_sampling"}}  # GRPO++'s dynamic sampling
 PRESET_SECTIONS["dagrpo"] = {"rollout": {"anchors": True}}  # DaGRPO's reference-solution anchors (generate/anchor.py)
 # the correction a run that trains tokens sampled by older policies gets when neither its recipe nor
 # its preset sets tis_mode: AReaL's decoupled PPO weight sg(min(pi_prox/mu, 2)) per token
@@ -160,6 +163,11 @@ class ObjectiveConfig(StrictModel):
     nudge_inter: float = Field(0.5, ge=0, description="nudge: weight of the inter-context term r̄_k − r̄")
     nudge_distill: float = Field(0.1, ge=0, description="nudge: distillation weight added to the advantage of a "
                                  "correct response sampled under a non-empty context")
+    concise_r: bool = Field(False, description="ConciseR's L-GRPO length term: from concise_r_start on, a group whose "
+                            "rollouts are all correct gets r + w*(1 - |y|/max_new_tokens) (filter stage)")
+    concise_r_weight: float = Field(0.5, ge=0, description="concise_r: w, the weight of the length term")
+    concise_r_start: int = Field(0, ge=0, description="concise_r: the step stage 2 (the length term) starts at "
+                                 "(0 = from the first step; the paper's stage 1 runs GRPO++ to convergence first)")
     scope_sft_weight: float = Field(0.1, ge=0, description="scope: the advantage of the tokens a corrector wrote "
                                     "(Rollout.corrected_from on): an SFT term of this weight")
 

@@ -21,6 +21,7 @@ import torch
 from rollwise import seeds
 from rollwise.filter.overlong import add_overlong_penalty
 from rollwise.filter.rewards import score_groups
+from rollwise.optim.concise_r import add_length_terms
 from rollwise.model.load import encode_prompt
 from rollwise.model.logprobs import token_logprobs_and_entropy
 from rollwise.train.metrics import Clock
@@ -70,8 +71,8 @@ class RoundSampler:
         self.clock.lap("generate")
         if not (remote and engine.scores):
             metrics |= self.score(groups)
-        elif t.cfg.objective.overlong_shaping:
-            metrics |= add_overlong_penalty(groups, t.cfg.rollout.max_new_tokens)
+        else:
+            metrics |= self.shape(groups)
         for g in groups if observe else ():
             t.stats.observe(g, self.step)
         self.clock.lap("score")
@@ -82,8 +83,15 @@ class RoundSampler:
         """The Filter stage on ``groups``: the reward functions, then the shaping terms."""
         t = self.trainer
         metrics = score_groups(groups, t.reward_fns)
-        if t.cfg.objective.overlong_shaping:
-            metrics |= add_overlong_penalty(groups, t.cfg.rollout.max_new_tokens)
+        return metrics | self.shape(groups)
+
+    def shape(self, groups: list[RolloutGroup]) -> dict[str, float]:
+        """The shaping terms on scored groups (before ``control.accept``): overlong, concise_r."""
+        o, metrics = self.trainer.cfg.objective, {}
+        if o.overlong_shaping:
+            metrics |= add_overlong_penalty(groups, self.trainer.cfg.rollout.max_new_tokens)
+        if o.concise_r and self.step >= o.concise_r_start:
+            metrics |= add_length_terms(groups, self.trainer.cfg.rollout.max_new_tokens, o.concise_r_weight)
         return metrics
 
     def encode(self, prompt: Prompt) -> list[int]:

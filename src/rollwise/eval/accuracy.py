@@ -10,6 +10,7 @@ from rollwise.engine.engine import Engine, Request
 from rollwise.engine.sampling import SamplingParams
 from rollwise.eval.majority import maj_at_k
 from rollwise.eval.passk import pass_at_k
+from rollwise.eval.support import sample_metrics
 from rollwise.eval.tool_use import table_rows, tool_use
 from rollwise.filter.rewards import RewardFn, score_groups
 from rollwise.generate.group import to_rollout
@@ -29,12 +30,16 @@ class EvalResult:
     prompt_ids: list[str] = field(default_factory=list)
     # episodes (an environment task): tool use of the greedy episodes (rollwise.eval.tool_use), eval/* names
     tool_use: dict[str, float] = field(default_factory=dict)
+    # support_diag (rollwise.eval.support), with samples: per prompt, some sample correct; the entropy and
+    # support metrics (the trainer adds shrinkage/expansion against its first eval)
+    solved: list[bool] = field(default_factory=list)
+    support: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         out = {"eval/accuracy": self.accuracy, "eval/mean_length": self.mean_length}
         out.update({f"eval/pass@{k}": v for k, v in self.pass_at.items()})
         out.update({f"eval/maj@{k}": v for k, v in self.maj_at.items()})
-        return out | self.tool_use
+        return out | self.support | self.tool_use
 
     def table(self) -> list[tuple[str, str]]:
         """What ``rollwise eval`` prints: ``(label, value)`` lines."""
@@ -78,6 +83,8 @@ def evaluate(
     lengths = [g.rollouts[0].num_tokens for g in groups]
     pass_at: dict[int, float] = {}
     maj_at: dict[int, float] = {}
+    solved: list[bool] = []
+    support: dict[str, float] = {}
     if samples > 0:
         sampled = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids))
         sgroups, _ = _groups(engine, prompts, sampled, samples, decode, seed, episodes)
@@ -87,6 +94,7 @@ def evaluate(
             pass_at[k] = sum(pass_at_k(samples, c, k) for c in counts) / len(counts)
         maj_at[samples] = maj_at_k([([r.extracted_answer for r in g.rollouts], [r.correct for r in g.rollouts])
                                     for g in sgroups])
+        solved, support = [c > 0 for c in counts], sample_metrics(sgroups)
     kept = [
         {"prompt": g.prompt.text, "completion": g.rollouts[0].completion_text, "reward": g.rollouts[0].reward,
          "components": g.rollouts[0].reward_components, "reasons": g.rollouts[0].reward_reasons,
@@ -96,4 +104,4 @@ def evaluate(
     ]
     return EvalResult(sum(correct) / len(correct), pass_at, sum(lengths) / len(lengths), kept, maj_at,
                       [bool(c) for c in correct], [p.id for p in prompts],
-                      tool_use(episode_metrics, groups) if episodes is not None else {})
+                      tool_use(episode_metrics, groups) if episodes is not None else {}, solved, support)

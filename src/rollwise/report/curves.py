@@ -25,6 +25,8 @@ GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
      ("episode/", "episodes/", "harness/")),
     ("label-free", "Label-free RL: pseudo-label accuracy, labelled and skipped groups (majority_vote)",
      ("train/pseudo_label_acc", "majority_vote/")),
+    ("support", "Support and entropy on the eval set: shrinkage/expansion against the base model, answer and "
+     "token entropy (support_diag)", ("eval/support", "eval/answer_entropy", "eval/token_entropy")),
     ("eval", "Eval accuracy, pass@k and maj@k", ("eval/",)),
     ("length", "Length (mean, max, truncated share)", ("length/",)),
     ("entropy", "Entropy", ("entropy",)),

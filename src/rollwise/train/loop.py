@@ -31,6 +31,7 @@ from rollwise.control.masa import MetaReadout
 from rollwise.control.rounds import PromptPrefixes, accept_and_refill, extend_rounds
 from rollwise.engine import make_engine
 from rollwise.eval.accuracy import EvalResult, evaluate
+from rollwise.eval.support import track
 from rollwise.filter.registry import resolve_rewards
 from rollwise.filter.sandbox import Sandbox
 from rollwise.generate import build_generator, check_guidance, sampling_params
@@ -340,6 +341,9 @@ class Trainer:
         if self.state.initial_accuracy is None:
             self.state.initial_accuracy = result.accuracy
         self.state.last_accuracy = result.accuracy
+        if result.solved:  # support_diag: shrinkage/expansion against the first sampled eval (eval/support.py)
+            self.state.support_base, shift = track(self.state.support_base, result.prompt_ids, result.solved)
+            result.support.update(shift)
         self.log.log(self.state.step, result.metrics())
         self.log.log_samples(self.state.step, result.samples)
         self.log.log_eval(self.state.step, result.prompt_ids, result.correct)

@@ -22,6 +22,7 @@ class TrainState:
     reward_failures: dict = field(default_factory=dict)
     zero_signal_steps: int = 0  # steps in which no group had a reward spread (nothing trained)
     engine_fallback: bool = False  # the mismatch guard moved the engine to fp32 (train/precision.py): kept on resume
+    support_base: dict | None = None  # prompt id -> solved at the first sampled eval (support_diag: eval/support.py)
 
 
 @dataclass(frozen=True)

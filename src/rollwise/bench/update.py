@@ -34,6 +34,10 @@ and with the chunked LM head (``optim.logits_budget_mb``), with the HF and the p
 (which sends only completion positions through the head): each in a fresh process, peak RSS
 after the update minus the RSS before it, so the model's own weights do not count.
 
+The ``dtype`` arm (issue 34, not in the default ``arms``) runs the ``throughput`` arm's update
+with ``optim.compute_dtype`` float32 and bfloat16 in turn, each side's FLOP utilisation against
+the square-product peak of its own dtype: ``bench/update_dtype.py``.
+
 The ``real`` arm (issue 21, not in the default ``arms``) runs the update on the real model
 (``model_path``, SmolLM2-135M-Instruct by default): full fine-tuning vs LoRA, FLOP utilisation on
 real sampled chat rollouts and peak RSS, each arm in a fresh process: ``bench/update_real.py``.
@@ -62,9 +66,10 @@ class UpdateBenchConfig(StrictModel):
     steps: int = Field(40, ge=1, description="training steps per arm")
     seed: int = Field(0, description="run seed of both arms")
     threads: int = Field(1, ge=0, description="torch threads (0 = the recipe's); 1 is steadiest on shared machines")
-    arms: list[Literal["skip", "forward", "throughput", "shared", "memory", "real"]] = Field(
-        ["skip", "forward", "throughput", "shared", "memory"], min_length=1, description="what to run (real: the "
-        "real model, full fine-tuning vs LoRA; not by default)")
+    arms: list[Literal["skip", "forward", "throughput", "shared", "memory", "dtype", "real"]] = Field(
+        ["skip", "forward", "throughput", "shared", "memory"], min_length=1, description="what to run (dtype: the "
+        "update in fp32 vs bf16 compute, not by default: bf16 is several times slower without native bf16; real: "
+        "the real model, full fine-tuning vs LoRA, not by default)")
     presets: list[str] = Field(["tiny", "medium"], min_length=1, description="throughput arm: model presets")
     repeats: int = Field(8, ge=2, description="throughput and shared arms: updates per side and preset (the "
                          "first of each is a warm-up and not counted)")
@@ -79,7 +84,12 @@ class UpdateBenchConfig(StrictModel):
                       "256 take ~15 GB with whole logits)")
     width: int = Field(256, ge=4, description="memory arm: tokens per sequence")
     budget_mb: float = Field(512, gt=0, description="memory arm: optim.logits_budget_mb of the chunked run")
-    model_path: str = Field(SMOLLM2, description="real arm: the model (a GGUF, pkg: path or HF directory)")
+    dtype_models: list[str] = Field(["tiny", "medium"], min_length=1, description="dtype arm: tiny presets, or "
+                                    "'real' for model_path")
+    dtype_rows: int = Field(128, ge=2, description="dtype arm: rollouts in the update batch (one micro-batch)")
+    matmul_size: int = Field(1024, ge=16, description="dtype arm: side of the square product each dtype's FLOP/s "
+                             "reference times (a bf16 one takes seconds on a CPU without native bf16)")
+    model_path: str = Field(SMOLLM2, description="real and dtype arms: the model (a GGUF, pkg: path or HF directory)")
     real_prompts: int = Field(8, ge=1, description="real arm: chat prompts in the batch")
     real_group: int = Field(8, ge=1, description="real arm: completions sampled per prompt")
     real_max_new_tokens: int = Field(64, ge=1, description="real arm: completion limit of the sampling")
@@ -109,6 +119,12 @@ def run_update_bench(overrides: list[str], console) -> dict:
         with console.status("memory arm: one update, whole logits vs chunked LM head"):
             out["memory"] = update_cost.memory(cfg)
         update_cost.print_memory(console, cfg, out["memory"])
+    if "dtype" in cfg.arms:
+        from rollwise.bench.update_dtype import dtype_arm, print_dtype
+
+        with session():
+            out["dtype"] = dtype_arm(cfg, console)
+        print_dtype(console, out["dtype"])
     if "real" in cfg.arms:
         from rollwise.bench.update_real import print_real, run_real
 

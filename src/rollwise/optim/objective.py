@@ -94,6 +94,8 @@ PRESETS: dict[str, dict] = {
     "novelty_sharpen": {"shaping": ["novelty_sharpen"], "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
     # ConciseR: GRPO++ (clip-higher, dynamic sampling in control), then L-GRPO's length term (optim/concise_r.py)
     "concise_r": {"scale_rewards": "group", "loss_agg": "token_mean", "epsilon_high": 0.28, "concise_r": True},
+    # VCPO: A = r − b* (b* = Σw²r/Σw² per group), this step's lr × ESS/N of the sequence IS weights (optim/vcpo.py)
+    "vcpo": {"advantage": "vcpo", "vcpo": True, "scale_rewards": "none", "loss_agg": "seq_mean_token_mean"},
     # AReaL's decoupled PPO: clip r = π_θ/π_prox, weight by sg(min(π_prox/μ, 2)) per token (train.mode=async)
     "decoupled_ppo": {"scale_rewards": "group", "loss_agg": "token_mean", "tis_mode": "token_truncate", "tis_cap": 2.0},
 }
@@ -107,7 +109,7 @@ PRESET_SECTIONS["dagrpo"] = {"rollout": {"anchors": True}}  # DaGRPO's reference
 # the correction a run that trains tokens sampled by older policies gets when neither its recipe nor
 # its preset sets tis_mode: AReaL's decoupled PPO weight sg(min(pi_prox/mu, 2)) per token
 STALE_TOKEN_OBJECTIVE = {"tis_mode": "token_truncate"}
-Advantage = Literal["group", "rloo", "reinforce_pp", "median", "drpo", "gigpo", "poise", "dagrpo", "nudge", "v05"]
+Advantage = Literal["group", "rloo", "reinforce_pp", "median", "drpo", "gigpo", "poise", "dagrpo", "nudge", "v05", "vcpo"]
 
 
 class ObjectiveConfig(StrictModel):
@@ -118,7 +120,8 @@ class ObjectiveConfig(StrictModel):
                                  "reinforce_pp (REINFORCE++-baseline), median (MC-GRPO: sample G+1), drpo, "
                                  "poise (r - a value probe's cross-rollout baseline), gigpo "
                                  "(GRPO + a per-turn anchor-state term), dagrpo (look-alike pairs left out), nudge (inter- and "
-                                 "intra-context terms: rollout.strategy=nudge)")
+                                 "intra-context terms: rollout.strategy=nudge), vcpo (r - b*, b* from the sequence IS "
+                                 "weights: needs vcpo=true)")
     shaping: list[Literal["ace", "novelty_sharpen"]] = Field([], description="advantage shaping after the estimator")
     scale_rewards: ScaleRewards | None = Field(None, description="advantage divisor: group std, batch std, or none")
     loss_agg: LossAgg | None = Field(None, description="how per-token losses reduce to a scalar")
@@ -168,6 +171,9 @@ class ObjectiveConfig(StrictModel):
     concise_r_weight: float = Field(0.5, ge=0, description="concise_r: w, the weight of the length term")
     concise_r_start: int = Field(0, ge=0, description="concise_r: the step stage 2 (the length term) starts at "
                                  "(0 = from the first step; the paper's stage 1 runs GRPO++ to convergence first)")
+    vcpo: bool = Field(False, description="VCPO: each step's lr x ESS/N of the sequence importance weights "
+                       "w = exp(sum(l_theta - l_mu)) and (advantage=vcpo) the baseline b* = sum(w^2 r)/sum(w^2) per group")
+    vcpo_clamp: float = Field(5.0, gt=0, description="vcpo: the sequence log-weights are clamped to [-c, c]")
     scope_sft_weight: float = Field(0.1, ge=0, description="scope: the advantage of the tokens a corrector wrote "
                                     "(Rollout.corrected_from on): an SFT term of this weight")
 
@@ -180,6 +186,13 @@ class ObjectiveConfig(StrictModel):
             if data.get("tis_cap") is None:
                 data["tis_cap"] = 2.0 if str(data.get("tis_mode", "")).startswith("token") else 3.0
         return data
+
+    @model_validator(mode="after")
+    def _vcpo_baseline(self):
+        if self.advantage == "vcpo" and not self.vcpo:
+            raise ValueError("objective.advantage=vcpo needs objective.vcpo=true (the trainer computes b* from the "
+                             "importance weights only then); or use objective.method=vcpo")
+        return self
 
     @property
     def corrects_off_policy(self) -> bool:
@@ -270,6 +283,14 @@ def _poise(rollouts, rewards, group_ids, cfg):
     return poise_advantages(rewards, torch.tensor([r.value_baseline for r in rollouts], dtype=rewards.dtype))
 
 
+def _vcpo(rollouts, rewards):
+    """r − b*, b* the group's minimum-variance baseline the trainer set (``objective.vcpo``, ``optim/vcpo.py``)."""
+    if any(r.value_baseline is None for r in rollouts):
+        raise ValueError("objective.advantage=vcpo needs each rollout's value_baseline (objective.vcpo=true: the "
+                         "Trainer sets b* before the advantages: optim.vcpo.assign_vcpo)")
+    return rewards.double() - torch.tensor([r.value_baseline for r in rollouts], dtype=torch.float64)
+
+
 def _gigpo(rollouts, rewards, group_ids, cfg):
     """A^E [N] and A^S per turn (None for a rollout without turns: plain GRPO)."""
     turns = [r.turns for r in rollouts]
@@ -296,6 +317,7 @@ ESTIMATORS = {
                                                       cfg.dagrpo_ngram, cfg.dagrpo_similarity),
     "nudge": lambda ro, r, g, cfg: _nudge(ro, r, g, cfg),
     "v05": lambda ro, r, g, cfg: v05_advantages(ro, r, g),  # Rollout.value_baseline from control.method=v05
+    "vcpo": lambda ro, r, g, cfg: _vcpo(ro, r),  # Rollout.value_baseline from control.method=v05
 }
 
 

@@ -33,6 +33,7 @@ from rollwise.engine import make_engine
 from rollwise.eval.accuracy import EvalResult, evaluate
 from rollwise.eval.support import track
 from rollwise.filter.registry import resolve_rewards
+from rollwise.optim.vcpo import assign_vcpo, policy_log_ratios, scaled_lr
 from rollwise.filter.sandbox import Sandbox
 from rollwise.generate import build_generator, check_guidance, sampling_params
 from rollwise.model import lora
@@ -221,6 +222,12 @@ class Trainer:
         step, metrics = self.state.step, dict(batch.metrics)
         if self.value_probe is not None:  # poise: each baseline from the states of the group's other rollouts
             metrics |= self.value_probe.assign(batch.groups, self.model)
+        lr_scale = 1.0
+        if cfg.objective.vcpo:  # vcpo: b* per group from the sequence IS weights, this step's lr x ESS/N
+            lr_scale, vcpo_metrics = assign_vcpo(batch.groups, policy_log_ratios(
+                self.model, batch.groups, self.update_spec(step).sampling, self.tokenizer.pad_token_id),
+                cfg.objective.vcpo_clamp)
+            metrics |= vcpo_metrics
         metrics |= assign_advantages(batch.groups, cfg.objective)  # within the groups as sampled
         outcome.count_step(self.state, batch.groups, metrics)  # reward failures, no reward spread: summary.json
         if self.rollout_log is not None:  # a sample of the scored groups for the report
@@ -233,7 +240,8 @@ class Trainer:
             self.ref_model.load_state_dict(self.model.state_dict())
             self.state.reference_moved_at = step
         tensors = build_batch(groups, self.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
-        metrics |= policy_update(self.model, self.optimizer, tensors, self.update_spec(step), self.ref_model)
+        with scaled_lr(self.optimizer, lr_scale):
+            metrics |= policy_update(self.model, self.optimizer, tensors, self.update_spec(step), self.ref_model)
         self.state.skipped_updates += int(metrics["update/skipped_nonfinite"])  # a NaN/inf never reached the weights
         metrics["train/skipped_updates"] = float(self.state.skipped_updates)
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the LR this step trained with

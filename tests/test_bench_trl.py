@@ -62,9 +62,11 @@ def test_trl_gets_the_precision_rollwise_uses(tmp_path, monkeypatch, sample, pre
     args = trl_config(cfg, seed=0, out_dir=tmp_path)
     assert args.bf16 is bf16 and not args.fp16 and args.use_cpu
     assert trl_config(cfg, 0, tmp_path, info=cpu_info(CPUINFO / sample)).bf16 is bf16  # the argument, likewise
-    assert f"rollout.engine_dtype={precision}" in rollwise_overrides(cfg, 0, tmp_path)
+    ours = rollwise_overrides(cfg, 0, tmp_path)
+    assert f"rollout.engine_dtype={precision}" in ours and f"optim.compute_dtype={precision}" in ours
     row = dict((name, (ours, theirs)) for name, ours, theirs in settings_mapping(cfg))["device, precision"]
-    assert f"rollout.engine_dtype={precision}" in row[0] and f"bf16={bf16}" in row[1]
+    assert f"rollout.engine_dtype={precision}" in row[0] and f"optim.compute_dtype={precision}" in row[0]
+    assert f"bf16={bf16}" in row[1]
 
 
 def test_micro_batch_must_divide_the_step():
@@ -89,7 +91,8 @@ def test_both_arms_train_in_lockstep_from_one_warm_start():
     s = out["summary"]
     assert s["step_ratio"] == pytest.approx(s["trl"]["loop"] / s["rollwise"]["loop"])
     # each arm's precision, as it ran (the suite's AVX2 sample: fp32 for both)
-    assert runs["rollwise"]["precision"]["engine_dtype"] == "float32" and runs["trl"]["precision"]["bf16"] is False
+    assert runs["rollwise"]["precision"]["engine_dtype"] == runs["rollwise"]["precision"]["update_dtype"] == "float32"
+    assert runs["trl"]["precision"]["bf16"] is False
     assert s["rollwise"]["precision"] == runs["rollwise"]["precision"] and s["trl"]["precision"]["dtype"] == "float32"
 
 
@@ -100,10 +103,10 @@ def test_a_bf16_bench_runs_both_arms_in_bf16():
     console = Console(file=io.StringIO(), width=200)
     out = run_trl_bench([*TINY, "steps=1", "precision=bfloat16"], console)
     runs = out["seeds"][0]
-    assert runs["rollwise"]["precision"]["engine_dtype"] == "bfloat16"
+    assert runs["rollwise"]["precision"]["engine_dtype"] == runs["rollwise"]["precision"]["update_dtype"] == "bfloat16"
     assert runs["trl"]["precision"] == {"bf16": True, "dtype": "bfloat16", "mixed_precision": "bf16",
                                         "weights": "float32"}  # autocast over fp32 master weights
-    assert "bf16 autocast" in console.file.getvalue() and "engine bf16" in console.file.getvalue()
+    assert "bf16 autocast" in console.file.getvalue() and "engine bf16, update bf16" in console.file.getvalue()
 
 
 # -- the chat workloads (issue 21): a tiny local Qwen2 chat model stands in for SmolLM2 ---------------

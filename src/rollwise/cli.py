@@ -153,8 +153,7 @@ def eval_(
     from rollwise.train.loop import Trainer
 
     cfg = load_run_config(str(recipe) if recipe else None, set_ or [])
-    with Trainer(cfg) as trainer:  # its engine samples in rollout.engine_dtype's choice, as in training
-        _log_engine_dtype(trainer.engine_dtype, trainer.engine_dtype_reason)
+    with Trainer(cfg) as trainer:  # its engine samples in rollout.engine_dtype's choice (logged), as in training
         result = trainer.evaluate()  # the trainer's own eval: same prompts, judge, engine and seeds
     record = result.metrics() | {"engine_dtype": _dtype_name(trainer.engine_dtype),
                                  "engine_dtype_reason": trainer.engine_dtype_reason}

@@ -11,10 +11,11 @@ reward function object (the task's TRL-convention ``fn(prompts, completions, com
 **One precision** (``precision``): TRL gets the precision rollwise uses. ``auto``: where the
 CPU has native bf16 (``hardware.native_bf16``: AVX-512 BF16 or AMX) TRL runs with ``bf16=True``
 (autocast to bf16 for its generation and its update, fp32 master weights) and rollwise with
-``rollout.engine_dtype=auto`` (its engine's own bf16 copy where bf16 measures faster at the
-model's shapes, ``train/precision.py``); elsewhere both fp32. ``float32`` / ``bfloat16`` set both
-arms. Each arm's result and the table say what it ran in (rollwise: the engine's dtype and
-why; TRL: ``bf16``). The update: rollwise trains in fp32 (its master weights; no autocast).
+``rollout.engine_dtype=auto`` and ``optim.compute_dtype=auto`` (its engine's own bf16 copy and
+its update under bf16 autocast, fp32 master weights, where bf16 measures faster at the model's
+shapes, ``train/precision.py``); elsewhere both fp32. ``float32`` / ``bfloat16`` set both arms.
+Each arm's result and the table say what it ran in (rollwise: the engine's and the update's
+dtypes and why; TRL: ``bf16``).
 
 **Lockstep.** Both arms run in one process, each in its own thread, but never at the same
 time: a conductor hands a baton to one arm for one training step, then to the other, and who
@@ -161,8 +162,8 @@ def settings_mapping(cfg: TRLBenchConfig, info: hardware.CpuInfo | None = None) 
          "none (the LM head is chunked only past optim.logits_budget_mb: never at this vocabulary)",
          f"activation_checkpointing (was gradient_checkpointing)={cfg.trl_gradient_checkpointing} "
          "(TRL's default: True)"),
-        ("device, precision", f"CPU, rollout.engine_dtype={cfg.precision} (the engine's own copy; the update in "
-         f"fp32), model.threads={cfg.threads}",
+        ("device, precision", f"CPU, rollout.engine_dtype={cfg.precision} (the engine's own copy), "
+         f"optim.compute_dtype={cfg.precision} (autocast, fp32 master weights), model.threads={cfg.threads}",
          f"use_cpu=True, bf16={bf16}, fp16=False ({'bf16 autocast, fp32 master weights' if bf16 else 'float32'}), "
          f"torch threads={cfg.threads}"),
     ]
@@ -262,6 +263,7 @@ def rollwise_overrides(cfg: TRLBenchConfig, seed: int, tmp: Path) -> list[str]:
         f"rollout.num_generations={cfg.num_generations}", f"rollout.prompts_per_step={cfg.prompts_per_step}",
         f"rollout.temperature={cfg.temperature}", "rollout.top_p=1.0", "rollout.top_k=0",
         f"rollout.max_new_tokens={max_new_tokens(cfg)}", f"rollout.engine_dtype={cfg.precision}",
+        f"optim.compute_dtype={cfg.precision}",
         "objective.method=grpo", "objective.beta=0", "objective.tis_mode=none", "objective.epsilon=0.2",
         "objective.mask_truncated_completions=false",
         f"optim.lr={cfg.lr}", f"optim.micro_batch_size={cfg.micro_batch_size}", "optim.num_iterations=1",

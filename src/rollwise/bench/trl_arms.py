@@ -53,11 +53,9 @@ class RollwiseArm(Arm):
         """What this arm sampled and trained in: the engine's dtype at the end (the mismatch guard may
         have moved an ``auto`` bf16 engine to fp32: ``engine_fallback``) and the update's."""
         t = self.trainer
-        # optim.compute_dtype (the update's autocast dtype) where this rollwise has it; else the weights' own
-        update = getattr(t, "compute_dtype", None) or next(t.model.parameters()).dtype
         return {"engine_dtype": _name(t.guard.dtype), "engine_dtype_reason": t.engine_dtype_reason,
-                "engine_fallback": t.guard.fell_back, "update_dtype": _name(update),
-                "update_dtype_reason": getattr(t, "compute_dtype_reason", "the fp32 master weights (no autocast)")}
+                "engine_fallback": t.guard.fell_back, "update_dtype": _name(t.compute_dtype),
+                "update_dtype_reason": t.compute_dtype_reason}
 
 
 class TRLArm(Arm):

@@ -10,7 +10,8 @@ import torch
 
 from rollwise.control.v05 import V05, V05Config
 from rollwise.optim.objective import ObjectiveConfig, assign_advantages
-from rollwise.optim.v05 import v05_advantages, v05_baseline
+from rollwise.control.v05 import v05_baseline
+from rollwise.optim.v05 import v05_advantages
 from rollwise.types import Prompt, Rollout, RolloutGroup
 
 

@@ -16,13 +16,34 @@ available here; plug yours in. τ², the running means and the seen prompts are 
 
 from __future__ import annotations
 
+import math
+
 from pydantic import Field
 
-from rollwise.config import StrictModel
+from rollwise.config import ConfigError, StrictModel
 from rollwise.control.base import Controller
 from rollwise.control.stats import PromptStats
-from rollwise.optim.v05 import v05_baseline
+from rollwise.imports import import_spec
 from rollwise.types import RolloutGroup
+
+
+def v05_baseline(mean: float, n: int, v0: float, tau2: float, z: float = 1.96) -> tuple[float, float, float, bool]:
+    """(b, w, the test statistic, rejected) for a group of ``n`` rewards with mean ``mean``.
+
+    >>> b, w, stat, rejected = v05_baseline(0.5, 4, 0.7, 0.0625)
+    >>> round(b, 6), round(w, 6), round(stat, 2), rejected
+    (0.6, 0.5, 0.57, False)
+    """
+    p = min(max(mean, 1 / (2 * n)), 1 - 1 / (2 * n))
+    var = p * (1 - p) / n  # σ²/n
+    spread = var + tau2
+    w = var / spread if spread > 0 else 0.0
+    stat = abs(mean - v0) / math.sqrt(spread) if spread > 0 else 0.0
+    rejected = stat > z
+    if rejected:
+        w = 0.0
+    return w * v0 + (1 - w) * mean, w, stat, rejected
+
 
 
 class V05Config(StrictModel):
@@ -42,9 +63,9 @@ class V05(Controller):
         self.cfg = cfg
         self.user_prior = None
         if cfg.prior != "running":
-            from rollwise.filter.rewards import load_callable
-
-            self.user_prior = load_callable(cfg.prior, "control.v05.prior")
+            self.user_prior = import_spec(cfg.prior, "control.v05.prior", what="callable")
+            if not callable(self.user_prior):
+                raise ConfigError(f"control.v05.prior: '{cfg.prior}' is not callable (want fn(prompt) -> float | None)")
         self.tau_sum, self.tau_count = 0.0, 0  # Σ (V_0 − r̄)² and count over groups with n >= min_n
         self.seen: dict[str, list[float]] = {}  # prompt id -> [reward sum, count] from earlier steps
         self.total, self.groups_seen = 0.0, 0  # Σ group means and count of earlier groups

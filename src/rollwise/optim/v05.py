@@ -5,7 +5,7 @@ fuses a pretrained generalist value model's prediction V_0 (no synchronous updat
 empirical mean of a few rollouts, to minimise the baseline's MSE; a real-time hypothesis test
 adds rollouts when the prior looks unreliable.
 
-The rule (``v05_baseline``; METHODS.md's choices), for a group of n rewards with mean r̄:
+The rule (``rollwise.control.v05.v05_baseline``, the controller's; METHODS.md's choices), for a group of n rewards with mean r̄:
 
 - σ² = p̃(1 − p̃), w = (σ²/n) / (σ²/n + τ²), b = w·V_0 + (1 − w)·r̄;
 - τ² is the running mean of (V_0 − r̄)² over groups with n ≥ 16 (``control.v05``);
@@ -26,27 +26,7 @@ needs that model, or one of your own (``package.module:function``), and a bigger
 
 from __future__ import annotations
 
-import math
-
 import torch
-
-
-def v05_baseline(mean: float, n: int, v0: float, tau2: float, z: float = 1.96) -> tuple[float, float, float, bool]:
-    """(b, w, the test statistic, rejected) for a group of ``n`` rewards with mean ``mean``.
-
-    >>> b, w, stat, rejected = v05_baseline(0.5, 4, 0.7, 0.0625)
-    >>> round(b, 6), round(w, 6), round(stat, 2), rejected
-    (0.6, 0.5, 0.57, False)
-    """
-    p = min(max(mean, 1 / (2 * n)), 1 - 1 / (2 * n))
-    var = p * (1 - p) / n  # σ²/n
-    spread = var + tau2
-    w = var / spread if spread > 0 else 0.0
-    stat = abs(mean - v0) / math.sqrt(spread) if spread > 0 else 0.0
-    rejected = stat > z
-    if rejected:
-        w = 0.0
-    return w * v0 + (1 - w) * mean, w, stat, rejected
 
 
 def v05_advantages(rollouts, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:

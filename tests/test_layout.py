@@ -17,7 +17,8 @@ the core modules ``config``, ``types``, ``seeds``, ``imports`` and ``hardware``)
 | tasks                        | filter                                           | a task names its reward   |
 | generate                     | engine                                           | drives the engine         |
 | optim                        | model                                            | policy log-probs          |
-| control filter replay report | nothing                                          | records in, decisions out |
+| filter                       | model, engine                                    | a judge reward runs a model (filter/judge_backends.py) |
+| control replay report        | nothing                                          | records in, decisions out |
 | model                        | engine                                           | packed forward            |
 | engine                       | nothing                                          | token ids only            |
 | config_reference             | nothing                                          | docs/config.md            |
@@ -49,7 +50,7 @@ ALLOWED = {
     "generate": {"engine"},
     "optim": {"model"},
     "control": set(),
-    "filter": set(),
+    "filter": {"model", "engine"},  # model-graded rewards: the judge's local model on rollwise's engine
     "replay": set(),
     "report": set(),
     "model": {"engine"},

@@ -39,3 +39,33 @@ def arith_reward(prompts, completions, answer, **_) -> list[float]:
         else:
             out.append(Score(1.0, answer=str(got)))
     return out
+
+
+def _columns(a: int, b: int, op: str) -> list[str]:
+    da, db = str(a)[::-1], str(b)[::-1]
+    width = max(len(da), len(db))
+    cols, carry = [], 0
+    for i in range(width):
+        x = int(da[i]) if i < len(da) else 0
+        y = int(db[i]) if i < len(db) else 0
+        if op == "+":
+            s = x + y + carry
+            carry_out, digit = divmod(s, 10)
+        else:
+            s = x - y - carry
+            carry_out, digit = (1, s + 10) if s < 0 else (0, s)
+        cols.append(f"{x}{op}{y}{op}{carry}={carry_out}{digit}")
+        carry = carry_out
+    return cols
+
+
+def solve(a: int, op: str, b: int) -> str:
+    """The task's working and answer for ``a op b`` (the demonstration completion; what ``fapo``
+    checks a correct answer's working against)."""
+    if op == "*":  # no working: the answer alone
+        return f" #{a * b}"
+    if op == "+":
+        return " " + " ".join(_columns(a, b, "+")) + f" #{a + b}"
+    if a >= b:
+        return " " + " ".join(_columns(a, b, "-")) + f" #{a - b}"
+    return " neg " + " ".join(_columns(b, a, "-")) + f" #{a - b}"

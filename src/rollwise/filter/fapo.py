@@ -12,7 +12,7 @@ positives.
 
 The testbed (``arith_flaw``): the ``arith`` task's answer-only verifier reads just the number
 after ``#``, so it admits flawed working. A completion of ``a+b`` / ``a-b`` is *clean* when its
-working is the task's column-by-column working step for step (``tasks.arith.solve``: each
+working is the task's column-by-column working step for step (``filter.arith.solve``: each
 column's digits, carry/borrow in and out, ``neg`` for a negative result), and *flawed* when the
 answer is right but the working is missing (the answer alone: a jump) or departs from it at some
 step (the reason names the first: ``step 2 wrote 4+5+0=09, expected 4+5+1=10``). Products
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rollwise.filter.arith import parse_answer
+from rollwise.filter.arith import parse_answer, solve
 from rollwise.filter.rewards import as_text, final_turn
 from rollwise.types import RolloutGroup, Score
 
@@ -56,8 +56,6 @@ def arith_flaw(a: int, op: str, b: int, completion: str) -> str | None:
     >>> arith_flaw(347, "+", 58, " #405"), arith_flaw(347, "+", 58, " 7+8+0=15 4+5+0=09 3+0+1=04 #405")
     ('no working: the answer alone', 'step 2 wrote 4+5+0=09, expected 4+5+1=10')
     """
-    from rollwise.tasks.arith import solve
-
     want = solve(a, op, b).rsplit("#", 1)[0].split()
     if not want:
         return None

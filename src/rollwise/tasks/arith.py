@@ -33,42 +33,13 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rollwise.config import StrictModel
-from rollwise.filter.arith import arith_reward, parse_answer  # noqa: F401  (the task's verifier)
+from rollwise.filter.arith import arith_reward, parse_answer, solve  # noqa: F401  (the task's verifier and working)
 from rollwise.tasks.base import Task
 from rollwise.tasks.labels import LabelsMode, labels_field
 from rollwise.tasks.tool_demos import Conversation, calculator_episode
 from rollwise.types import Prompt
 
 OPS = "+-*"
-
-
-def _columns(a: int, b: int, op: str) -> list[str]:
-    da, db = str(a)[::-1], str(b)[::-1]
-    width = max(len(da), len(db))
-    cols, carry = [], 0
-    for i in range(width):
-        x = int(da[i]) if i < len(da) else 0
-        y = int(db[i]) if i < len(db) else 0
-        if op == "+":
-            s = x + y + carry
-            carry_out, digit = divmod(s, 10)
-        else:
-            s = x - y - carry
-            carry_out, digit = (1, s + 10) if s < 0 else (0, s)
-        cols.append(f"{x}{op}{y}{op}{carry}={carry_out}{digit}")
-        carry = carry_out
-    return cols
-
-
-def solve(a: int, op: str, b: int) -> str:
-    """The demonstration completion (working and answer) for ``a op b``."""
-    if op == "*":  # no working: the answer alone
-        return f" #{a * b}"
-    if op == "+":
-        return " " + " ".join(_columns(a, b, "+")) + f" #{a + b}"
-    if a >= b:
-        return " " + " ".join(_columns(a, b, "-")) + f" #{a - b}"
-    return " neg " + " ".join(_columns(b, a, "-")) + f" #{a - b}"
 
 
 class ArithSource:

@@ -85,7 +85,9 @@ def _elsewhere(model: type[BaseModel], key: str, here: str) -> list[str]:
     """Where else in ``model`` a key named ``key`` lives (``lora`` → ``model.lora``): a section or
     key written at the wrong level."""
     paths = {f"{prefix}{key}" for prefix, cls in _sections(model) if key in cls.model_fields and prefix != here}
-    return sorted(paths)
+    # the shallowest only: `lora` → model.lora, not also rewards[].judge.model.lora (a judge's own model)
+    depth = min((p.count(".") for p in paths), default=0)
+    return sorted(p for p in paths if p.count(".") == depth)
 
 
 def format_validation_error(err: ValidationError, model: type[BaseModel]) -> str:

@@ -150,6 +150,9 @@ class Rollout:
     positive_advantage_scale: float = 1.0
     # poise: b_i, the value probe's estimate from the group's other rollouts; v05: the group's fused baseline b
     value_baseline: float | None = None
+    # old_logit_repair: per completion token, the trainer's log-prob under the version that sampled it
+    # (optim/old_logits.py); the update's ratio is taken against it instead of the proximal policy. None = not kept
+    old_logprobs: list[float] | None = None
     # guided exploration (generate/guide.py, nudge.py): the context the rollout was sampled under — a hint, a
     # strategy — prepended to the prompt; ``prompt_ids`` are the bare prompt's all the same (it trains on x, its
     # behaviour log-probs are those under x⊕context: the IS weight corrects the gap). None = sampled from x itself

@@ -66,7 +66,8 @@ REGIMES = {"epochs2": ["optim.num_iterations=2"], "async1": ["train.mode=async",
            "replay": ["replay.method=rollout_replay"]}
 # ObjectiveConfig fields that act only through the importance ratio: inert at ratio 1
 RATIO_FIELDS = ("policy_loss", "importance_sampling_level", "epsilon", "epsilon_high", "dual_clip", "sapo_tau_pos",
-                "sapo_tau_neg", "prefix_ratio", "tis_mode", "tis_cap", "tis_cap_min", "vcpo")
+                "sapo_tau_neg", "prefix_ratio", "tis_mode", "tis_cap", "tis_cap_min", "vcpo",
+                "old_logit_repair")
 
 
 def distinct_presets() -> list[str]:

@@ -47,6 +47,7 @@ class TrainBatch:
     group_ids: torch.Tensor  # [B]
     sequence_ids: torch.Tensor | None = None  # [B] the sequence (episode) of the row; -1 = not counted; None = row
     sequence_lengths: torch.Tensor | None = None  # [B] sampled tokens of the row's sequence; None = the row's own
+    old_logprobs: torch.Tensor | None = None  # [B, T-1] old_logit_repair: the sampling version's trainer log-probs
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -88,6 +89,7 @@ class TrainBatch:
             group_ids=self.group_ids[rows],
             sequence_ids=None if self.sequence_ids is None else self.sequence_ids[rows],
             sequence_lengths=None if self.sequence_lengths is None else self.sequence_lengths[rows],
+            old_logprobs=None if self.old_logprobs is None else self.old_logprobs[rows][:, : width - 1],
         )
 
     def to(self, device) -> "TrainBatch":
@@ -156,6 +158,11 @@ def build_batch(groups: list[RolloutGroup], pad_token_id: int, mask_truncated: b
                                                if r.loss_weights is not None else 1.0)
         behavior[i, span] = torch.tensor(r.behavior_logprobs)
         advantages[i, span] = torch.tensor(r.advantage)
+    old = None
+    if all(r.old_logprobs is not None for _, r in rollouts):  # old_logit_repair kept them for every row
+        old = torch.zeros((n, width - 1))
+        for i, (_, r) in enumerate(rollouts):
+            old[i, len(r.prompt_ids) - 1 : len(r.prompt_ids) - 1 + len(r.completion_ids)] = torch.tensor(r.old_logprobs)
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -167,4 +174,5 @@ def build_batch(groups: list[RolloutGroup], pad_token_id: int, mask_truncated: b
         group_ids=torch.tensor([gi for gi, _ in rollouts]),
         sequence_ids=torch.tensor([seq for _, seq, _, _, _ in rows]),
         sequence_lengths=torch.tensor([float(length) for _, _, length, _, _ in rows]),
+        old_logprobs=old,
     )

@@ -168,6 +168,8 @@ def _backward(model, forward: PackedForward | None, sub: TrainBatch, weights: to
     mask = sub.trained_mask
     policy_lp, entropy = _logprobs(model, forward, sub, spec)
     old_lp = policy_lp.detach() if old is None else old[mb, :width]
+    if sub.old_logprobs is not None:  # old_logit_repair: the ratio against the version that sampled (old_logits.py)
+        old_lp = sub.old_logprobs
     loss, m = policy_loss(
         policy_lp, old_lp, sub.advantages, mask, weights[:, :width], spec.objective,
         ref_logprobs=None if ref is None else ref[mb, :width], behavior_logprobs=sub.behavior_logprobs,

@@ -136,6 +136,9 @@ class ObjectiveConfig(StrictModel):
     sapo_tau_neg: float = Field(1.05, gt=0, description="sapo gate temperature where A < 0")
     prefix_ratio: bool = Field(False, description="MinPRO: weight tokens by the prefix's minimum ratio (cap 2)")
     top_entropy_quantile: float = Field(1.0, gt=0, le=1, description="train only the top-q entropy tokens (TRL)")
+    top_entropy_step_quantile: float = Field(
+        1.0, gt=0, le=1, description="high_entropy_steps' step half (DART): train only the top-q entropy steps of "
+        "the batch (an episode's turns; a rollout without turns is one step; entropy = mean -log mu of its tokens)")
     overlong_shaping: bool = Field(False, description="DAPO soft overlong punishment added to the reward "
                                    "(cache = max_new_tokens/5)")
     kl_in: Literal["loss", "reward"] = Field("loss", description="KL as a loss term (beta*k) or a per-token "

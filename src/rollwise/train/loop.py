@@ -39,6 +39,7 @@ from rollwise.generate import build_generator, check_guidance, sampling_params
 from rollwise.model import lora
 from rollwise.model.load import encode_prompt, load_model_and_tokenizer
 from rollwise.optim.batch import build_batch
+from rollwise.optim.entropy_steps import keep_high_entropy_steps
 from rollwise.optim.objective import assign_advantages
 from rollwise.optim.poise import build_value_baseline
 from rollwise.optim.update import UpdateSpec, policy_update
@@ -239,6 +240,9 @@ class Trainer:
         if self.replay.reincarnate(step) and self.ref_model is not None:  # ReMix: the reference moves to π_θ
             self.ref_model.load_state_dict(self.model.state_dict())
             self.state.reference_moved_at = step
+        if cfg.objective.top_entropy_step_quantile < 1:  # high_entropy_steps' step half (optim/entropy_steps.py)
+            groups, kept = keep_high_entropy_steps(groups, cfg.objective.top_entropy_step_quantile)
+            metrics |= kept
         tensors = build_batch(groups, self.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
         with scaled_lr(self.optimizer, lr_scale):
             metrics |= policy_update(self.model, self.optimizer, tensors, self.update_spec(step), self.ref_model)

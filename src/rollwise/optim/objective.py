@@ -96,6 +96,11 @@ PRESETS: dict[str, dict] = {
     "concise_r": {"scale_rewards": "group", "loss_agg": "token_mean", "epsilon_high": 0.28, "concise_r": True},
     # VCPO: A = r − b* (b* = Σw²r/Σw² per group), this step's lr × ESS/N of the sequence IS weights (optim/vcpo.py)
     "vcpo": {"advantage": "vcpo", "vcpo": True, "scale_rewards": "none", "loss_agg": "seq_mean_token_mean"},
+    # the ratio against the trainer's log-probs of the version that sampled, tis on that/μ (optim/old_logits.py)
+    "old_logit_repair": {"old_logit_repair": True, "scale_rewards": "group", "loss_agg": "token_mean",
+                         "tis_mode": "token_truncate", "tis_cap": 2.0},
+    # DPH-RL: + .05·(−mean ℓ^θ/|y|) over a pool of π_0's own samples, the gradient of KL(π_0‖π_θ) (optim/dph.py)
+    "dph_rl": {"dph_coef": 0.05, "scale_rewards": "group", "loss_agg": "seq_mean_token_mean"},
     # AReaL's decoupled PPO: clip r = π_θ/π_prox, weight by sg(min(π_prox/μ, 2)) per token (train.mode=async)
     "decoupled_ppo": {"scale_rewards": "group", "loss_agg": "token_mean", "tis_mode": "token_truncate", "tis_cap": 2.0},
 }
@@ -177,6 +182,13 @@ class ObjectiveConfig(StrictModel):
     vcpo: bool = Field(False, description="VCPO: each step's lr x ESS/N of the sequence importance weights "
                        "w = exp(sum(l_theta - l_mu)) and (advantage=vcpo) the baseline b* = sum(w^2 r)/sum(w^2) per group")
     vcpo_clamp: float = Field(5.0, gt=0, description="vcpo: the sequence log-weights are clamped to [-c, c]")
+    old_logit_repair: bool = Field(False, description="keep the trainer's log-probs of the version that sampled each "
+                                   "token (one no-grad forward per batch) and take the ratio against them; tis_mode "
+                                   "weights them against the engine's")
+    dph_coef: float = Field(0.0, ge=0, description="dph_rl: coefficient of the forward-KL rehearsal term "
+                            "-mean(l_theta/|y|) over a pool of the initial policy's samples (0 = off; no reference model)")
+    dph_pool: int = Field(64, ge=1, description="dph_rl: pool size, the run's first rollouts sampled entirely by version 0")
+    dph_batch: int = Field(16, ge=1, description="dph_rl: pool items the term is computed on per optimizer pass")
     scope_sft_weight: float = Field(0.1, ge=0, description="scope: the advantage of the tokens a corrector wrote "
                                     "(Rollout.corrected_from on): an SFT term of this weight")
 

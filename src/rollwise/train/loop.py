@@ -33,6 +33,8 @@ from rollwise.engine import make_engine
 from rollwise.eval.accuracy import EvalResult, evaluate
 from rollwise.eval.support import track
 from rollwise.filter.registry import resolve_rewards
+from rollwise.optim.dph import step_optimizer
+from rollwise.optim.old_logits import record_old_logprobs
 from rollwise.optim.vcpo import assign_vcpo, policy_log_ratios, scaled_lr
 from rollwise.filter.sandbox import Sandbox
 from rollwise.generate import build_generator, check_guidance, sampling_params
@@ -111,6 +113,7 @@ class Trainer:
         # no fixed step count: step() reports the run's progress towards whichever limit stops it
         self.replay = build_replay(cfg.replay, seed=cfg.seed, prompts_per_step=r.prompts_per_step, total_steps=0)
         self.value_probe = build_value_baseline(cfg.objective, self.tokenizer.pad_token_id, cfg.seed)  # poise
+        self.dph_pool: list = []  # dph_rl: the initial policy's own samples (optim/dph.py)
         self.limits = RunLimits.from_config(cfg.train)  # what fit() runs to (fit(until=...) replaces them)
         self.eval_prompts = [self.tokenize(p) for p in self.task.eval[: cfg.train.eval_size]]
         self.pool = None  # rollout.workers > 0: Ray rollout workers (dist/) generate in place of the engine
@@ -212,6 +215,9 @@ class Trainer:
             metrics |= extend_rounds(control, stats, groups, sampler, budget - sum(budgets))  # xrpo, dars
             groups, refill = accept_and_refill(control, stats, source, groups, sampler, len(prompts), group_size)
         control.observe_step(groups, stats)
+        if self.cfg.objective.old_logit_repair:  # right after sampling: the sampling version's own forward
+            metrics |= record_old_logprobs(groups, {engine.version: self.sampling_policy()},
+                                           self.update_spec(step).sampling, self.tokenizer.pad_token_id)
         metrics |= prefixes.metrics() | refill | control.metrics() | clock.metrics()
         tokens = sampler.tokens + control.forward_tokens()  # a selector's own policy forwards count too
         return ScoredBatch(step, groups, metrics, tokens, source.cursor)
@@ -244,8 +250,12 @@ class Trainer:
             groups, kept = keep_high_entropy_steps(groups, cfg.objective.top_entropy_step_quantile)
             metrics |= kept
         tensors = build_batch(groups, self.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
-        with scaled_lr(self.optimizer, lr_scale):
-            metrics |= policy_update(self.model, self.optimizer, tensors, self.update_spec(step), self.ref_model)
+        optimizer = step_optimizer(self.dph_pool, batch.groups, self.optimizer, self.model, cfg.objective,
+                                   self.step_seed(step), self.update_spec(step).sampling, self.tokenizer.pad_token_id)
+        with scaled_lr(self.optimizer, lr_scale):  # dph_rl: the optimizer adds the rehearsal term's gradient
+            metrics |= policy_update(self.model, optimizer, tensors, self.update_spec(step), self.ref_model)
+        if optimizer is not self.optimizer:
+            metrics |= optimizer.metrics() | {"dph/pool": float(len(self.dph_pool))}
         self.state.skipped_updates += int(metrics["update/skipped_nonfinite"])  # a NaN/inf never reached the weights
         metrics["train/skipped_updates"] = float(self.state.skipped_updates)
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the LR this step trained with

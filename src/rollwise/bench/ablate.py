@@ -60,6 +60,9 @@ STAGE_KEYS = {"objective": "objective.method", "strategy": "rollout.strategy", "
 REWARD_ARMS = ("fapo", "majority_vote", "pow3r", "weaver")
 # what an arm needs besides its one line (method-specific requirements)
 ARM_EXTRAS = {"objective:mc_grpo": ["rollout.num_generations=7"],
+              # BroRL: the baseline's rollouts per step as one group of N = 128 (the bench sets G and prompts)
+              "strategy:brorl": ["rollout.num_generations=128", "rollout.prompts_per_step=1",
+                                 "optim.micro_batch_size=16"],
               "reward:majority_vote": ["task.labels=none"]}  # label-free: training never sees the answers
 # off-policy regimes: where the ratio pi_theta / pi_old departs from 1 (async also sets its threads, in _run)
 REGIMES = {"epochs2": ["optim.num_iterations=2"], "async1": ["train.mode=async", "train.max_staleness=1"],

@@ -24,6 +24,8 @@ STRATEGIES = {
              "advantages + distillation (rollout.nudge.*)",
     "scope": "SCOPE: in groups that all failed, keep a rollout's steps before its first wrong one, the reference "
              "solution writes the rest (trained as SFT .1), kept if it verifies (rollout.scope.*)",
+    "brorl": "BroRL: group sampling at large N (fills num_generations=128, prompts_per_step=2, max_batch_size=128, "
+             "optim.micro_batch_size=16 where unset): statistics over all N, the loss in chunks",
 }
 # strategies whose rollouts are sampled under a context the trained prompt lacks (or written by a corrector):
 # their behaviour log-probs are another distribution's, so the update needs a per-token IS weight (tis_mode)
@@ -65,7 +67,7 @@ def build_generator(rollout, params, decode, pruner=None, gate=None, gate_every:
     from rollwise.generate.pruned import PrunedSampler
     from rollwise.generate.tree import TreeSampler
 
-    flat = ("group", "guide", "nudge", "scope")  # group sampling underneath
+    flat = ("group", "guide", "nudge", "scope", "brorl")  # group sampling underneath
     if rollout.anchors and (pruner is not None or rollout.strategy not in flat):
         raise ConfigError("rollout.anchors (DaGRPO's reference-solution anchors; objective.method=dagrpo turns them "
                           f"on) add a rollout to a flat group, not to rollout.strategy={rollout.strategy}"

@@ -25,6 +25,7 @@ from rollwise.filter.majority_vote import MajorityVoteConfig
 from rollwise.filter.sandbox.config import SandboxConfig
 from rollwise.generate import GUIDED, STRATEGIES
 from rollwise.generate.april import AprilConfig
+from rollwise.generate.brorl import fill_brorl
 from rollwise.generate.guide import GuideConfig
 from rollwise.generate.nudge import NUDGE_OBJECTIVE, NudgeConfig
 from rollwise.generate.scope import ScopeConfig
@@ -357,6 +358,10 @@ FILLS = (
     SectionFill("an engine that may sample below fp32 (rollout.engine_dtype=bfloat16; auto on CUDA or on a CPU with "
                 "native bf16)", "objective.tis_mode = token_truncate, unless the objective preset sets tis_mode "
                 "(train.precision)", _fill_low_precision_correction),
+    SectionFill("rollout.strategy=brorl", "rollout.num_generations = 128, rollout.prompts_per_step = 2, "
+                "rollout.max_batch_size = 128, optim.micro_batch_size = 16 (BroRL's large N; "
+                "generate.brorl.BRORL_FILL)",
+                fill_brorl),
     SectionFill("rollout.strategy=nudge", "objective.advantage = nudge, objective.scale_rewards = none (NudgeRL's "
                 "inter/intra-context advantage; generate.nudge.NUDGE_OBJECTIVE)", _fill_nudge),
     SectionFill("objective.method=dapo or v05", "control.method = dynamic_sampling (DAPO is its loss and its dynamic "

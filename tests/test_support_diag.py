@@ -46,7 +46,8 @@ def test_a_run_logs_support_and_entropy_at_each_eval(tmp_path):
     from rollwise.train.metrics import read_metrics
 
     sets = [f"output_dir={tmp_path}", "name=sd", "task.max_digits=1", "task.eval_size=6",
-            "model.threads=1", "train.eval_samples=4", "train.eval_every=1", "train.steps=2", "train.checkpoint_every=0",
+            "model.threads=1", "train.eval_samples=4", "train.eval_every=1", "train.steps=2",
+            "train.checkpoint_every=0",
             "rollout.prompts_per_step=2", "rollout.num_generations=4", "rollout.max_new_tokens=16", "optim.lr=1e-2"]
     with Trainer(load_run_config(None, sets)) as t:
         t.prepare()

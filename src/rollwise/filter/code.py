@@ -19,8 +19,8 @@ passed, ``r = 1[k/n >= τ]`` (τ = ``threshold``, 1.0 = all-or-nothing by defaul
 suggests .8 for synthetic tests), or ``r = k/n`` with ``partial=True``. A ``pass_threshold``
 dataset column sets τ per row. Reasons name the first failing test.
 
-Departures: Python only (Agnostics' per-language YAML ``file``/``compile``/``run`` is not
-implemented); the LLM soft verifier for problems with fewer than 3 tests is the ``test_threshold``
+Departures: Python only here (Agnostics' per-language YAML ``file``/``compile``/``run`` is the
+``io_verifier`` reward, ``rollwise.filter.io_lang``); the LLM soft verifier for problems with fewer than 3 tests is the ``test_threshold``
 reward (``rollwise.filter.soft_verify``), which wraps these; the call and assert
 split compares values with ``==`` after a ``repr``/``literal_eval`` round trip, so results that
 are not literals (custom objects) fail a split assert.

@@ -33,6 +33,9 @@ def builtin_rewards(sandbox=None) -> dict[str, Callable]:
 
     bound = {name: functools.update_wrapper(functools.partial(getattr(code, name), sandbox=sandbox),
                                             getattr(code, name)) for name in CODE_REWARDS}
+    from rollwise.filter.io_lang import io_verifier  # per-language YAML (Agnostics)
+
+    bound["io_verifier"] = functools.update_wrapper(functools.partial(io_verifier, sandbox=sandbox), io_verifier)
     from rollwise.filter.fapo import Fapo, arith_working
     from rollwise.filter.judge import Judge
     from rollwise.filter.pow3r import Pow3r

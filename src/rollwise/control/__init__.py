@@ -17,6 +17,7 @@ from pydantic import Field
 from rollwise.config import ConfigError, StrictModel
 from rollwise.control.arrol import ArrolConfig
 from rollwise.control.base import Controller, PromptCursor
+from rollwise.control.clpo import ClpoConfig
 from rollwise.control.dars import DarsConfig
 from rollwise.control.difficulty import DifficultyConfig
 from rollwise.control.dynamic_sampling import DynamicSamplingConfig
@@ -42,6 +43,8 @@ CONTROLLERS = {
     "arrol": "ARRoL: start 2G, prune to G at a segment by a probe on hidden states (balanced survivors)",
     "trace": "TRACE (episodes): G/2 episodes, the rest restarted from turn prefixes of highest p(1-p)/(1+n)",
     "masa": "MASA: the policy predicts its pass rate and correct length; calibrated, skip p̂ < .05 or > .95, cut at 2L̂",
+    "clpo": "CLPO: an accuracy-EMA curriculum; a share of each step rewrites seen medium (restated) and hard "
+            "(a given added) prompts, answer kept; a rewrite whose first 4 rollouts agree is dropped",
     "v05": "V0.5 (objective.method=v05 fills it): test each group against its prior V_0, n more rollouts if rejected, "
            "the fused baseline on the rollouts",
 }
@@ -62,6 +65,7 @@ class ControlConfig(StrictModel):
     arrol: ArrolConfig = Field(default_factory=ArrolConfig, description="method=arrol options")
     trace: TraceConfig = Field(default_factory=TraceConfig, description="method=trace options")
     masa: MasaConfig = Field(default_factory=MasaConfig, description="method=masa (MASA) options")
+    clpo: ClpoConfig = Field(default_factory=ClpoConfig, description="method=clpo (CLPO's curriculum) options")
     v05: V05Config = Field(default_factory=V05Config, description="method=v05 (V0.5's prior test; objective.method=v05)")
 
 
@@ -132,6 +136,10 @@ def build_controller(control: ControlConfig, rollout, seed: int, embed=None, met
         from rollwise.control.v05 import V05
 
         return V05(control.v05, **kw)
+    if m == "clpo":
+        from rollwise.control.clpo import Clpo
+
+        return Clpo(control.clpo, **kw)
     if m == "masa":
         from rollwise.control.masa import Masa
 

@@ -70,3 +70,12 @@ def test_the_report_shows_them_in_their_own_section():
     assert groups["support"] == ["eval/answer_entropy", "eval/support_expansion", "eval/support_shrinkage",
                                  "eval/token_entropy"]
     assert groups["eval"] == ["eval/accuracy", "eval/pass@4"] and groups["entropy"] == ["entropy"]
+
+
+def test_rollwise_list_names_it():
+    from typer.testing import CliRunner
+
+    from rollwise.cli import app
+
+    result = CliRunner().invoke(app, ["list", "diagnostics"])
+    assert result.exit_code == 0 and "support_diag" in result.output and "shrinkage" in result.output

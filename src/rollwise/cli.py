@@ -285,10 +285,12 @@ def _serve_dtype(choice: str, policy):
 
 @app.command("list")
 def list_(what: Annotated[str, typer.Argument(
-        help="tasks | rewards | environments | objectives | strategies | controllers | replay | all")] = "all"):
+        help="tasks | rewards | environments | objectives | strategies | controllers | replay | diagnostics | "
+             "all")] = "all"):
     """What this install knows: tasks, rewards, environments, objectives, rollout strategies, controllers,
-    replay methods."""
+    replay methods, diagnostics."""
     from rollwise.control import CONTROLLERS
+    from rollwise.eval.support import DIAGNOSTICS
     from rollwise.filter.registry import builtin_rewards
     from rollwise.generate import STRATEGIES
     from rollwise.replay import REPLAY_METHODS
@@ -300,7 +302,8 @@ def list_(what: Annotated[str, typer.Argument(
         "environments": _environment_rows(),
         "objectives": _objective_rows(),
         **{name: {key: plain_summary(doc) for key, doc in rows.items()}
-           for name, rows in (("strategies", STRATEGIES), ("controllers", CONTROLLERS), ("replay", REPLAY_METHODS))},
+           for name, rows in (("strategies", STRATEGIES), ("controllers", CONTROLLERS), ("replay", REPLAY_METHODS),
+                              ("diagnostics", DIAGNOSTICS))},
     }
     if what != "all" and what not in tables:
         console.print(f"[red]error:[/] unknown list '{what}'; choose one of {', '.join(tables)}, all")

@@ -27,6 +27,10 @@ from collections import Counter
 
 from rollwise.types import RolloutGroup
 
+# ``rollwise list diagnostics``: what a run logs that is no stage's method
+DIAGNOSTICS = {"support_diag": "with train.eval_samples > 0, every eval logs pass@k, support shrinkage and expansion "
+               "against the first eval, answer and token entropy (The Invisible Leash)"}
+
 
 def answer_entropy(answers: list) -> float:
     """Entropy in nats of the answers' empirical distribution (None is one answer, "none").

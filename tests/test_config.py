@@ -64,7 +64,8 @@ def test_cross_section_fills_fill_only_what_the_recipe_leaves_unset():
     from rollwise.train.config import FILLS
 
     assert [f.apply.__name__ for f in FILLS] == ["_fill_remix", "_fill_stale_token_correction",
-                                                 "_fill_low_precision_correction", "_fill_nudge", "_fill_preset_sections"]
+                                                 "_fill_low_precision_correction", "fill_brorl", "_fill_nudge",
+                                                 "_fill_preset_sections"]
     cfg = load_run_config(None, ["objective.method=dapo", "replay.method=remix"])
     assert cfg.control.method == "dynamic_sampling"
     assert cfg.objective.beta == cfg.objective.prox_kl_coef == cfg.replay.remix.beta / 2

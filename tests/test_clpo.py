@@ -6,7 +6,8 @@ METHODS.md's test idea: easy problems are never rewritten; rewrites keep the ans
 import pytest
 
 from rollwise.control.base import PromptCursor
-from rollwise.control.clpo import REWRITE, Clpo, ClpoConfig, arith_rewrite
+from rollwise.control.clpo import REWRITE, Clpo, ClpoConfig
+from rollwise.tasks.rewrites import ModelRewriter, arith_rewrite, template_rewrite
 from rollwise.control.stats import PromptStats
 from rollwise.tasks.arith import make_prompt, value
 from rollwise.types import Rollout, RolloutGroup
@@ -26,7 +27,7 @@ class Stream:
 
 
 def controller(**cfg):
-    return Clpo(ClpoConfig(**cfg), seed=0, num_generations=4)
+    return Clpo(ClpoConfig(**cfg), seed=0, num_generations=4, rewrite=template_rewrite)
 
 
 def test_levels_by_the_accuracy_ema_by_hand():
@@ -76,6 +77,7 @@ def test_rewrites_keep_the_answer(a, op, b, kind):
 def test_a_rewrite_whose_first_four_agree_is_dropped():
     c = controller()
     rewrite = arith_rewrite(make_prompt("p", 12, "+", 7), "diversify", 1)
+    rewrite.id = f"p{REWRITE}diversify"
     assert not c.accept(group(rewrite, [1, 1, 1, 1, 0, 0]))
     assert not c.accept(group(rewrite, [0, 0, 0, 0, 1]))
     assert c.accept(group(rewrite, [1, 0, 1, 1]))
@@ -93,6 +95,50 @@ def test_it_differs_from_no_control_and_resumes():
     again = controller()
     again.load_state_dict(c.state_dict())
     assert again.accuracy == c.accuracy and again.seen["h"].text == "347+58="
+
+
+class Scripted:
+    """A judge backend that answers from a script (the judge interface's ``complete``)."""
+
+    def __init__(self, *texts):
+        self.texts, self.requests = list(texts), []
+
+    def complete(self, texts):
+        from rollwise.filter.judge_backends import JudgeReply
+
+        self.requests += texts
+        return [JudgeReply(self.texts.pop(0), prompt_tokens=10, completion_tokens=5) for _ in texts]
+
+
+def test_model_written_rewrites_keep_the_answer_and_count_their_tokens():
+    c = Clpo(ClpoConfig(rewrite_share=1.0), seed=0, num_generations=4,
+             rewrite=ModelRewriter(Scripted("What is 58 plus 347?\nextra line", "")))
+    hard, medium = make_prompt("h", 347, "+", 58), make_prompt("m", 12, "+", 7)
+    c.observe_step([group(hard, [0, 0, 0, 0]), group(medium, [1, 0, 1, 0])], PromptStats())
+    chosen = c.select_prompts(PromptCursor(Stream(), 0), PromptStats(), 2)
+    assert len(chosen) == 2 and chosen[0].id == "f0"  # one empty reply: no rewrite, a fresh prompt instead
+    rewrite = chosen[1]
+    assert rewrite.text == "What is 58 plus 347?" and rewrite.answer in ("405", "19")
+    assert rewrite.id.endswith(("diversify", "simplify"))
+    assert c.metrics()["control/clpo_rewrite_tokens"] == 30
+
+
+def test_a_rewriter_that_changes_the_answer_is_refused():
+    def broken(prompt, kind, shift):
+        return make_prompt(prompt.id, 1, "+", 1), 0
+
+    c = Clpo(ClpoConfig(rewrite_share=1.0), seed=0, num_generations=4, rewrite=broken)
+    c.observe_step([group(make_prompt("h", 347, "+", 58), [0, 0, 0, 0])], PromptStats())
+    with pytest.raises(ValueError, match="changed its answer"):
+        c.select_prompts(PromptCursor(Stream(), 0), PromptStats(), 1)
+
+
+def test_model_rewriter_config_needs_a_judge():
+    from rollwise.config import ConfigError
+    from rollwise.train.config import load_run_config
+
+    with pytest.raises(ConfigError, match="control.clpo.judge"):
+        load_run_config(None, ["control.method=clpo", "control.clpo.rewriter=model"])
 
 
 def test_a_run_steps_with_clpo(tmp_path):

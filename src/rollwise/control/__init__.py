@@ -101,9 +101,10 @@ def check_composition(control: ControlConfig, rollout) -> None:
                           "set rollout.num_generations >= 2")
 
 
-def build_controller(control: ControlConfig, rollout, seed: int, embed=None, meta=None) -> Controller:
+def build_controller(control: ControlConfig, rollout, seed: int, embed=None, meta=None, rewrite=None) -> Controller:
     """The controller ``control.method`` names (``embed``: prompts -> normalised embeddings, for
-    difficulty_select; ``meta``: prompts -> the policy's (p̂, L̂), for masa)."""
+    difficulty_select; ``meta``: prompts -> the policy's (p̂, L̂), for masa; ``rewrite``: clpo's rewriter,
+    ``tasks/rewrites.py``)."""
     from rollwise.control.arrol import Arrol
     from rollwise.control.dars import Dars
     from rollwise.control.difficulty import DifficultySelect
@@ -139,7 +140,7 @@ def build_controller(control: ControlConfig, rollout, seed: int, embed=None, met
     if m == "clpo":
         from rollwise.control.clpo import Clpo
 
-        return Clpo(control.clpo, **kw)
+        return Clpo(control.clpo, rewrite=rewrite, **kw)
     if m == "masa":
         from rollwise.control.masa import Masa
 

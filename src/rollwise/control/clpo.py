@@ -15,18 +15,26 @@ whose first ``check_samples`` (4) rollouts all pass or all fail is dropped (``ac
 at that difficulty). An easy prompt is never rewritten; a prompt without a template (other tasks,
 ``*`` products for simplifying) is left as it is.
 
-Where we depart: the paper's model writes the rewrites; here templates do (the judge interface,
-``filter/judge.py``, could write them — not wired: a model-written rewrite needs a model that
-keeps the answer, which the demo models do not). Templates exist for ``arith`` only; the EMA is
-kept for prompts of the last ``capacity`` seen. Needs a bigger model and varied tasks to show its
-effect.
+Who writes a rewrite is the trainer's choice (``rewrite``, built by ``tasks/rewrites.py``): the
+task's templates (default), or, as in the paper, a model — ``control.clpo.rewriter: model`` with
+``control.clpo.judge`` (a local model or an OpenAI-compatible server: the judge interface of
+``filter/judge.py``, its backend only) asked to restate or simplify keeping the answer; its tokens
+are logged (``control/clpo_rewrite_tokens``). The controller refuses a rewrite whose reference
+answer differs from the original's; whether a model's restated text still has that answer is not
+checked — the drop rule catches a rewrite it broke only partly.
+
+Where we depart: templates are the default (the demo models cannot be trusted to keep the
+answer); templates exist for ``arith`` only; the EMA is kept for the last ``capacity`` prompts
+seen. Needs a bigger model and varied tasks to show its effect.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from rollwise.config import StrictModel
 from rollwise.control.base import Controller, PromptCursor
@@ -43,43 +51,29 @@ class ClpoConfig(StrictModel):
     rewrite_share: float = Field(0.25, ge=0, le=1, description="share of each step's prompts that are rewrites")
     check_samples: int = Field(4, ge=2, description="a rewrite whose first n rollouts all pass or all fail is dropped")
     capacity: int = Field(4096, ge=1, description="seen prompts kept with their EMA")
+    rewriter: Literal["template", "model"] = Field("template", description="template: the task's answer-keeping "
+                                                   "templates (arith); model: the judge model writes them (judge)")
+    judge: dict | None = Field(None, description="rewriter=model: a judge section (model: {path: ...} or "
+                               "base_url/api_model; its rubric and template are not used), checked as the judge reward's")
 
-
-def arith_rewrite(prompt: Prompt, kind: str, shift: int) -> Prompt | None:
-    """The ``arith`` rewrite of ``prompt`` (``diversify`` or ``simplify``), or None when there is none.
-
-    >>> from rollwise.tasks.arith import make_prompt
-    >>> p = make_prompt("p", 347, "+", 58)
-    >>> [(q.text, q.answer) for q in (arith_rewrite(p, "diversify", 3), arith_rewrite(p, "simplify", 3))]
-    [('58+347=', '405'), ('347+58= 7+8+0=15', '405')]
-    """
-    from rollwise.filter.arith import solve
-    from rollwise.tasks.arith import make_prompt
-
-    c = prompt.columns or {}
-    if not {"a", "op", "b"} <= set(c):
-        return None
-    a, op, b = c["a"], c["op"], c["b"]
-    if kind == "diversify":
-        new = make_prompt(prompt.id, *((b, op, a) if op in "+*" else (a + shift, op, b + shift)))
-    else:
-        steps = solve(a, op, b).rsplit("#", 1)[0].split()
-        if len(steps) < 2:  # no working (a product) or one column: nothing to give
-            return None
-        new = make_prompt(prompt.id, a, op, b)
-        new = dataclasses.replace(new, text=f"{new.text} {steps[0]}")
-    if new.answer != prompt.answer:  # a template that changes the answer is a bug, not a rewrite
-        raise AssertionError(f"clpo: the {kind} rewrite of {prompt.text!r} changed the answer")
-    return dataclasses.replace(new, id=f"{prompt.id}{REWRITE}{kind}", token_ids=[])
+    @model_validator(mode="after")
+    def _model_needs_judge(self):
+        if self.rewriter == "model" and self.judge is None:
+            raise ValueError("control.clpo.rewriter=model needs control.clpo.judge (judge.model.path=... or "
+                             "judge.base_url=...)")
+        return self
 
 
 class Clpo(Controller):
-    def __init__(self, cfg: ClpoConfig, seed: int = 0, num_generations: int = 8) -> None:
+    def __init__(self, cfg: ClpoConfig, seed: int = 0, num_generations: int = 8, rewrite=None) -> None:
         super().__init__(seed=seed, num_generations=num_generations)
         self.cfg = cfg
+        # (prompt, kind, shift) -> (rewritten prompt or None, tokens it cost): the task's templates or a model
+        # (``tasks/rewrites.py``; the trainer passes it in). None: nothing is rewritten
+        self.rewrite = rewrite
         self.accuracy: dict[str, float] = {}  # original prompt id -> accuracy EMA
         self.seen: dict[str, Prompt] = {}  # original prompt id -> the prompt (untokenized fields kept)
-        self.counts = {"rewritten": 0, "dropped": 0}
+        self.counts = {"rewritten": 0, "dropped": 0, "rewrite_tokens": 0}
 
     def level(self, prompt_id: str) -> str | None:
         a = self.accuracy.get(prompt_id)
@@ -95,8 +89,15 @@ class Clpo(Controller):
                 break
             pid = candidates[i]
             kind = "simplify" if self.level(pid) == "hard" else "diversify"
-            new = arith_rewrite(self.seen[pid], kind, shift=int(rng.integers(1, 10)))
+            if self.rewrite is None:
+                break
+            original = self.seen[pid]
+            new, tokens = self.rewrite(original, kind, int(rng.integers(1, 10)))
+            self.counts["rewrite_tokens"] += tokens
             if new is not None:
+                if new.answer != original.answer:  # a rewrite keeps the reference answer, whoever wrote it
+                    raise ValueError(f"clpo: the {kind} rewrite of {original.text!r} changed its answer")
+                new = dataclasses.replace(new, id=f"{pid}{REWRITE}{kind}", token_ids=[])
                 out.append(prepare(new) if prepare is not None else new)
         return out
 
@@ -132,10 +133,11 @@ class Clpo(Controller):
     def metrics(self) -> dict[str, float]:
         levels = [self.level(pid) for pid in self.seen]
         out = {"control/clpo_rewritten": float(self.counts["rewritten"]),
-               "control/clpo_dropped": float(self.counts["dropped"])}
+               "control/clpo_dropped": float(self.counts["dropped"]),
+               "control/clpo_rewrite_tokens": float(self.counts["rewrite_tokens"])}
         for name in ("easy", "medium", "hard"):
             out[f"control/clpo_{name}"] = levels.count(name) / max(len(levels), 1)
-        self.counts = {"rewritten": 0, "dropped": 0}
+        self.counts = {"rewritten": 0, "dropped": 0, "rewrite_tokens": 0}
         return out
 
     def state_dict(self) -> dict:

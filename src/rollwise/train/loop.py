@@ -34,6 +34,7 @@ from rollwise.eval.accuracy import EvalResult, evaluate
 from rollwise.eval.support import track
 from rollwise.filter.registry import resolve_rewards
 from rollwise.optim.dph import step_optimizer
+from rollwise.tasks.rewrites import build_rewriter
 from rollwise.optim.old_logits import record_old_logprobs
 from rollwise.optim.vcpo import assign_vcpo, policy_log_ratios, scaled_lr
 from rollwise.filter.sandbox import Sandbox
@@ -107,7 +108,8 @@ class Trainer:
         self.stats = PromptStats()  # per-prompt running statistics the controller reads
         embed = PolicyEmbedder(self.sampling_policy, self.tokenizer.pad_token_id)  # difficulty_select's
         meta = MetaReadout(self.sampling_policy, self.tokenizer, cfg.control.masa.length_unit)  # masa's p̂, L̂
-        self.set_controller(build_controller(cfg.control, r, cfg.seed, embed=embed, meta=meta))
+        rewrite = build_rewriter(cfg.control.clpo, cfg.seed) if cfg.control.method == "clpo" else None
+        self.set_controller(build_controller(cfg.control, r, cfg.seed, embed=embed, meta=meta, rewrite=rewrite))
         check_replay(cfg.replay, r, cfg.objective)
         check_guidance(r, cfg.objective)  # guide: hinted rollouts need an IS weight
         # no fixed step count: step() reports the run's progress towards whichever limit stops it

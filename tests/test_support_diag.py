@@ -1,7 +1,6 @@
 """support_diag (METHODS.md): pass@k, support shrinkage/expansion against the base model, answer and
 token entropy — by hand, and logged by a tiny run's evals."""
 
-import json
 import math
 
 import pytest

@@ -1,6 +1,8 @@
 """high_entropy_steps' step half (DART; METHODS.md): the loss only at the top-q entropy steps — an
 episode's turns, a rollout without turns one step — step entropy = the mean −log μ of its tokens."""
 
+from pathlib import Path
+
 import pytest
 
 from rollwise.optim.batch import build_batch
@@ -57,3 +59,20 @@ def test_one_config_line_turns_it_on(tmp_path):
         t.prepare()
         t.fit(on_step=lambda step, m: steps.append(dict(m)))
     assert steps[0]["entropy_steps/kept"] == pytest.approx(0.5, abs=0.13)  # 8 rollouts, half kept (ties aside)
+
+
+def test_episodes_of_an_environment_run(tmp_path):
+    """A calculator episode run (recipes/tiny_calculator.yaml, untrained): its steps are turns."""
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+
+    sets = [f"output_dir={tmp_path}", "name=hes_ep", "sft.steps=0", "train.steps=1", "train.eval_size=2",
+            "train.max_generated_tokens=null", "rollout.prompts_per_step=2", "rollout.num_generations=4",
+            "rollout.max_new_tokens=12", "objective.top_entropy_step_quantile=0.5"]
+    steps = []
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny_calculator.yaml"
+    with Trainer(load_run_config(str(recipe), sets)) as t:
+        t.prepare()
+        t.fit(on_step=lambda step, m: steps.append(dict(m)))
+        assert t.episodic
+    assert 0.0 < steps[0]["entropy_steps/kept"] <= 0.75  # about half of the episodes' turns

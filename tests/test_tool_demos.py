@@ -354,3 +354,44 @@ def test_cli_sft_writes_the_held_out_check(tmp_path, tool):
     assert (check["call_rate"] is not None) == tool and (check["parse_rate"] is None or 0 <= check["parse_rate"] <= 1)
     assert record["sft"]["steps"] == 2 and record["sft"]["minutes"] >= 0 and "model" in record["cpu"]
     assert (out / "config.json").exists()
+
+
+# -- the SmolLM2 tool recipes ------------------------------------------------------------------------------
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
+
+@needs_gym
+def test_the_smollm2_tool_recipes_differ_only_in_the_tool():
+    """Same SFT budget, same RL token budget: the twin has no environment and direct-answer demonstrations."""
+    from rollwise.train.config import load_run_config
+
+    tool = load_run_config(str(RECIPES / "smollm2_tools.yaml")).model_dump()
+    plain = load_run_config(str(RECIPES / "smollm2_tools_no_tool.yaml")).model_dump()
+    assert tool["rollout"].pop("environment") == "calculator" and plain["rollout"].pop("environment") is None
+    assert tool["task"].pop("tool_demos") and not plain["task"].pop("tool_demos")
+    for cfg in (tool, plain):
+        cfg.pop("name"), cfg["rollout"].pop("tool_format"), cfg["rollout"].pop("max_turns")
+    assert tool == plain and tool["sft"]["steps"] > 0 and tool["train"]["max_generated_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_smollm2_tools_recipe_runs_two_rl_steps(tmp_path):
+    """recipes/smollm2_tools.yaml on the installed SmolLM2-135M-Instruct at tiny budgets: the warm start on
+    calculator episodes, then two RL steps on episodes through the calculator."""
+    from realmodel import require_smollm2
+
+    require_smollm2()
+    if importlib.util.find_spec("reasoning_gym") is None:
+        pytest.skip("the recipe's task needs the reasoning extra (pip install 'rollwise[reasoning]')")
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+
+    cfg = load_run_config(str(RECIPES / "smollm2_tools.yaml"), [
+        f"output_dir={tmp_path / 'runs'}", f"model.cache_dir={tmp_path / 'cache'}", "sft.steps=2", "sft.batch_size=2",
+        "rollout.prompts_per_step=2", "rollout.num_generations=2", "task.eval_size=2", "train.eval_every=0",
+        "train.checkpoint_every=0", "train.steps=2"])
+    with Trainer(cfg) as trainer:
+        trainer.prepare()
+        assert len((trainer.run_dir / "sft.jsonl").read_text().splitlines()) == 2
+        metrics = [trainer.step() for _ in range(2)]
+    assert trainer.state.step == 2 and all(m["episode/turns_mean"] >= 1 for m in metrics)

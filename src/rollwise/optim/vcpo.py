@@ -32,8 +32,8 @@ from contextlib import contextmanager
 
 import torch
 
-from rollwise.model.logprobs import token_logprobs_and_entropy
 from rollwise.optim.correction import mismatch_metrics
+from rollwise.optim.old_logits import completion_logprobs
 from rollwise.types import RolloutGroup
 
 
@@ -76,22 +76,10 @@ def policy_log_ratios(model, groups: list[RolloutGroup], sampling: dict, pad_tok
     rollouts = [r for g in groups for r in g.rollouts]
     if any(r.segments for r in rollouts):
         raise ValueError("objective.vcpo: harness episodes of several segments are not supported")
-    width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
-    ids = torch.full((len(rollouts), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rollouts):
-        n = len(r.prompt_ids) + len(r.completion_ids)
-        ids[i, :n], mask[i, :n] = torch.tensor(r.prompt_ids + r.completion_ids), 1
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    lp, _ = token_logprobs_and_entropy(model, ids.to(device), mask.to(device), with_entropy=False, **sampling)
-    model.train(was_training)
     out = []
-    for i, r in enumerate(rollouts):
-        p, c = len(r.prompt_ids), len(r.completion_ids)
-        policy = lp[i, p - 1 : p - 1 + c].double().cpu()
-        trained = torch.tensor([1.0] * c if r.loss_weights is None else [float(x > 0) for x in r.loss_weights],
+    for r, lp in zip(rollouts, completion_logprobs(model, rollouts, sampling, pad_token_id)):
+        policy = torch.tensor(lp, dtype=torch.float64)
+        trained = torch.tensor([1.0] * len(lp) if r.loss_weights is None else [float(x > 0) for x in r.loss_weights],
                                dtype=torch.float64)
         out.append(float(((policy - torch.tensor(r.behavior_logprobs, dtype=torch.float64)) * trained).sum()))
     return torch.tensor(out, dtype=torch.float64)

@@ -101,6 +101,18 @@ def parse_verdict(text: str, max_score: int, name: str = "judge") -> Score:
     return Score(0.0, f"{name}{UNSCORED}no 'Score: N' with N in 0..{max_score} in the reply {(text or '')[:80]!r}")
 
 
+class JudgeByName(StrictModel):
+    """A reward named in a rubric or an ensemble (pow3r's criteria, weaver's verifiers): ``name: judge``
+    carries its ``judge`` section and nothing else does. Subclasses declare ``name`` and ``judge``."""
+
+    @model_validator(mode="after")
+    def _judge_section(self):
+        if (self.name == "judge") != (self.judge is not None):
+            raise ValueError("a judge needs its section and only a judge has one: {name: judge, judge: {rubric: ..., "
+                             "model: {path: ...}}} (or judge.base_url)")
+        return self
+
+
 class Judge:
     """a model grades each completion against a rubric (judge.rubric; a local judge.model or an
     OpenAI-compatible judge.base_url): reward = its 'Score: N' / max_score, the reasoning kept.

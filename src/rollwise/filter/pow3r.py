@@ -34,28 +34,21 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from rollwise.config import StrictModel
-from rollwise.filter.judge import JudgeConfig
+from rollwise.filter.judge import JudgeByName, JudgeConfig
 from rollwise.filter.rewards import call_reward, finite, reward_inputs
 from rollwise.types import RolloutGroup, Score
 
 
-class Pow3rCriterion(StrictModel):
+class Pow3rCriterion(JudgeByName):
     """One rubric criterion: a reward by name (or a judge with its rubric), its human weight and category."""
 
     name: str = Field(description="a reward known to `rollwise list rewards`, 'package.module:function', or judge")
     weight: float = Field(1.0, gt=0, description="the human weight w_c")
     category: str = Field("rubric", description="criteria of one category share its human total")
     judge: JudgeConfig | None = Field(None, description="name: judge — the rubric criterion's judge and rubric")
-
-    @model_validator(mode="after")
-    def _judge_section(self):
-        if (self.name == "judge") != (self.judge is not None):
-            raise ValueError("a judge needs its section and only a judge has one: {name: judge, judge: {rubric: ..., "
-                             "model: {path: ...}}} (or judge.base_url)")
-        return self
 
 
 class Pow3rConfig(StrictModel):

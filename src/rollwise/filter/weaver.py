@@ -35,28 +35,21 @@ from collections import deque
 from collections.abc import Callable
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from rollwise.config import ConfigError, StrictModel
-from rollwise.filter.judge import JudgeConfig
+from rollwise.filter.judge import JudgeByName, JudgeConfig
 from rollwise.filter.rewards import call_reward, finite
 from rollwise.types import Score
 
 EPS = 1e-4  # rates are kept in [EPS, 1 - EPS]: a perfect verifier would make the posterior 0/0
 
 
-class VerifierSpec(StrictModel):
+class VerifierSpec(JudgeByName):
     """One weak verifier: a reward by name, or a judge with its rubric."""
 
     name: str = Field(description="a reward known to `rollwise list rewards`, 'package.module:function', or judge")
     judge: JudgeConfig | None = Field(None, description="name: judge — the judge and its rubric")
-
-    @model_validator(mode="after")
-    def _judge_section(self):
-        if (self.name == "judge") != (self.judge is not None):
-            raise ValueError("a judge needs its section and only a judge has one: {name: judge, judge: {rubric: ..., "
-                             "model: {path: ...}}} (or judge.base_url)")
-        return self
 
 
 class WeaverConfig(StrictModel):

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all smollm2-seeds smollm2-ledger tiny-tools tiny-harness clean
+.PHONY: install demo test test-all smollm2-seeds smollm2-ledger smollm2-tools tiny-tools tiny-harness clean
 
 $(STAMP): pyproject.toml
 	# the code sandbox needs bubblewrap (apt); skipped when already installed
@@ -76,6 +76,19 @@ tiny-tools: $(STAMP)
 			--set seed=$$s --set name=$$r-s$$s > runs/$$r-s$$s.log 2>&1 & done; wait; done
 	$(BIN)/python scripts/seeds_table.py --arm tool $(TOOL_RUNS) --arm no_tool $(NO_TOOL_RUNS) \
 		--json docs/data/tiny_calculator.json
+
+# issue 35: SmolLM2-135M-Instruct with the calculator (SFT warm start on tool episodes, then GRPO) vs its no-tool
+# twin (the same SFT budget on direct answers, the same RL token budget), seeds 0-2, each seed's two arms side by
+# side (one torch thread each); docs/data/smollm2_tools.json and the table README.md quotes (~25 CPU-minutes a run)
+SMOLLM2_TOOL_RUNS := $(foreach s,0 1 2,runs/smollm2_tools-s$(s))
+SMOLLM2_NO_TOOL_RUNS := $(foreach s,0 1 2,runs/smollm2_tools_no_tool-s$(s))
+smollm2-tools: $(STAMP)
+	mkdir -p runs
+	for s in 0 1 2; do \
+		for r in smollm2_tools smollm2_tools_no_tool; do OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/$$r.yaml --overwrite \
+			--set seed=$$s --set name=$$r-s$$s > runs/$$r-s$$s.log 2>&1 & done; wait; done
+	$(BIN)/python scripts/seeds_table.py --arm tool $(SMOLLM2_TOOL_RUNS) --arm no_tool $(SMOLLM2_NO_TOOL_RUNS) \
+		--json docs/data/smollm2_tools.json
 
 clean:
 	rm -rf $(VENV) runs/demo

@@ -1,7 +1,7 @@
 """Compare two run directories file by file: what "a resumed run equals the uninterrupted run" means.
 
 Every file of one run must exist in the other with the same content, except wall-clock
-measurements (``time/*`` metrics, ``wall_seconds``) and the run's own name. JSONL and JSON
+measurements (``time/*`` metrics, ``wall_seconds``, ``cpu_seconds``) and the run's own name. JSONL and JSON
 files are compared record by record; checkpoint tensors, optimizer and RNG states by value;
 anything else byte for byte. TensorBoard event files hold timestamps and are skipped (the
 writer purges events after a resumed checkpoint instead), and so is ``report.html``: a view of
@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 
 from rollwise.train.pipeline import TIMING_METRICS
 
-IGNORED_KEYS = ("wall_seconds", "name", *TIMING_METRICS)
+IGNORED_KEYS = ("wall_seconds", "cpu_seconds", "name", *TIMING_METRICS)
 
 
 def _clean(record):

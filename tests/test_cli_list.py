@@ -60,3 +60,22 @@ def test_one_row_per_objective_with_its_aliases():
     assert "sapo" in keys and "sapo_gate" not in keys
     assert re.search(r"^  sapo +\(also sapo_gate\) policy_loss=sapo", result.output, re.M), result.output
     assert len(keys) == len({id(p) for p in PRESETS.values()})  # every preset once, none dropped
+
+
+# the catalogue's ids (shared METHODS.md, 56): each is a row of `rollwise list` or named in the row of its class
+METHOD_IDS = """token_faithful april treepo latr brorl guide nudge scope overlong_shaping fapo weaver test_threshold
+io_verifier majority_vote pow3r dynamic_sampling arrol xrpo_alloc gdro vade difficulty_select dars clpo masa trace
+rollout_replay remix rorecomp ppo_clip grpo dr_grpo dapo_clip_higher gspo rloo reinforce_pp_baseline cispo
+kl_estimators tis_mis mc_grpo ace novelty_sharpen poise v05 minpro sapo_gate tree_adv gigpo drpo concise_r dph_rl
+dagrpo high_entropy_steps staleness_async old_logit_repair vcpo support_diag""".split()
+
+
+def test_every_catalogue_id_is_listed():
+    """`rollwise list` names every METHODS id: as a row, or in the row of the component it is a setting of."""
+    assert len(METHOD_IDS) == 56
+    output = CliRunner().invoke(app, ["list"]).output
+    missing = [m for m in METHOD_IDS if not re.search(rf"(?<![\w.]){m}(?![\w])", output)]
+    assert not missing, missing
+    settings = CliRunner().invoke(app, ["list", "settings"]).output
+    for name in ("treepo", "tree_adv", "kl_estimators", "tis_mis", "staleness_async", "token_faithful"):
+        assert re.search(rf"^  {name} +[a-z]+\.[a-z_]+", settings, re.M), settings  # the setting it is

@@ -78,16 +78,20 @@ def test_cli_train_writes_run_directory(tmp_path):
     assert result.exit_code == 0, result.output
     run = tmp_path / "smoke"
     summary = json.loads((run / "summary.json").read_text())
-    for key in ("initial_accuracy", "final_accuracy", "steps", "wall_seconds", "generated_tokens", "seed"):
+    for key in ("initial_accuracy", "final_accuracy", "steps", "wall_seconds", "cpu_seconds", "generated_tokens",
+                "seed"):
         assert key in summary
     assert summary["steps"] == 2 and summary["generated_tokens"] > 0
+    state = json.loads((run / "checkpoints" / "step_000002" / "state.json").read_text())
+    assert 0 < state["cpu_seconds"] <= summary["cpu_seconds"]  # SFT, evals and RL counted; the summary last
     assert (run / "config.yaml").exists() and (run / "samples.jsonl").read_text()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
     assert "learned" in result.output
     # --resume of a finished run does no more steps and keeps the summary
     result = CliRunner().invoke(app, args + ["--resume"])
     assert result.exit_code == 0, result.output
-    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+    resumed = json.loads((run / "summary.json").read_text())
+    assert resumed["steps"] == 2 and resumed["cpu_seconds"] > state["cpu_seconds"]  # the new session's load added
     # a fresh run into the same directory is refused (the run is kept); --overwrite starts over, and no stale
     # checkpoint survives to be resumed
     result = CliRunner().invoke(app, args + ["--set", "train.steps=1"])

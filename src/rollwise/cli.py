@@ -286,15 +286,16 @@ def _serve_dtype(choice: str, policy):
 @app.command("list")
 def list_(what: Annotated[str, typer.Argument(
         help="tasks | rewards | environments | objectives | strategies | controllers | replay | diagnostics | "
-             "all")] = "all"):
+             "settings | all")] = "all"):
     """What this install knows: tasks, rewards, environments, objectives, rollout strategies, controllers,
-    replay methods, diagnostics."""
+    replay methods, diagnostics, and the methods that are a setting of one of them."""
     from rollwise.control import CONTROLLERS
     from rollwise.eval.support import DIAGNOSTICS
     from rollwise.filter.registry import builtin_rewards
     from rollwise.generate import STRATEGIES
     from rollwise.replay import REPLAY_METHODS
     from rollwise.tasks.registry import TASKS
+    from rollwise.train.config import SETTING_METHODS
 
     tables = {
         "tasks": {name: plain_summary(cls.__doc__) for name, cls in TASKS.items()},
@@ -304,6 +305,7 @@ def list_(what: Annotated[str, typer.Argument(
         **{name: {key: plain_summary(doc) for key, doc in rows.items()}
            for name, rows in (("strategies", STRATEGIES), ("controllers", CONTROLLERS), ("replay", REPLAY_METHODS),
                               ("diagnostics", DIAGNOSTICS))},
+        "settings": SETTING_METHODS,
     }
     if what != "all" and what not in tables:
         console.print(f"[red]error:[/] unknown list '{what}'; choose one of {', '.join(tables)}, all")

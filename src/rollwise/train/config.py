@@ -346,6 +346,20 @@ class SectionFill:
     apply: Callable[[dict], dict]  # raw config dict -> raw config dict
 
 
+# catalogue methods (shared METHODS.md ids) that are a setting of another component, not an entry of a registry
+# `rollwise list` prints: the id, then the setting that turns it on and where it lives
+SETTING_METHODS = {
+    "treepo": "rollout.strategy=tree (TreePO segment trees, rollout.tree.*; generate/tree.py)",
+    "tree_adv": "objective.tree_adv=true, the default with rollout.strategy=tree|latr (TreePO tree advantages, "
+                "objective.tree_mix; optim/advantages.py)",
+    "kl_estimators": "objective.kl_estimator=k1|k2|k3 with objective.beta > 0 (KL to the reference; optim/objective.py)",
+    "tis_mis": "objective.tis_mode=token_truncate|token_mask|sequence_truncate|sequence_mask (rollout-trainer "
+               "mismatch; filled for off-policy runs, see the fills in docs/config.md)",
+    "staleness_async": "train.mode=async with train.max_staleness=k (AReaL bounded staleness; train/pipeline.py)",
+    "token_faithful": "rollout.harness (the OpenAI-compatible endpoint records the sampled token ids and trains "
+                      "them, never a re-tokenisation; serve/service.py)",
+}
+
 # every cross-section default, in the order they apply (each fill's values live with its component)
 FILLS = (
     SectionFill("replay.method=remix", "objective.beta and objective.prox_kl_coef = replay.remix.beta / 2 "

@@ -76,6 +76,7 @@ Collected = ScoredBatch  # the old name: pipeline.pt files written before the re
 
 class Trainer:
     def __init__(self, cfg: RunConfig):
+        self._cpu_mark = time.process_time()  # TrainState.cpu_seconds counts this session from here (count_cpu)
         self.cfg, r = cfg, cfg.rollout
         seed_everything(cfg.seed)
         threads = async_threads(cfg) if cfg.train.mode == "async" else cfg.model.threads
@@ -381,6 +382,7 @@ class Trainer:
         boundary with every batch that needs an older policy version made; those generated but not
         yet trained batches are saved too (``pipeline.pt``), with the producer's data cursor."""
         queued = None
+        self.count_cpu()
         if self.pipeline is not None:
             queued, self.state.cursor = self.pipeline.barrier(self.state.step)
         try:
@@ -430,7 +432,15 @@ class Trainer:
         rundir.write_summary(self.run_dir, summary)
         return summary
 
+    def count_cpu(self) -> None:
+        """Add this process's CPU time since the last count to ``state.cpu_seconds`` (a resumed run's
+        loaded state gets its new session's time, model load included)."""
+        now = time.process_time()
+        self.state.cpu_seconds += now - self._cpu_mark
+        self._cpu_mark = now
+
     def summary(self) -> dict:
+        self.count_cpu()
         return run_summary(self.state, self.cfg, self.task.name, self.judge.name, bool(self.eval_prompts)) | \
             precision.summary(self.guard, (self.compute_dtype, self.compute_dtype_reason))
 

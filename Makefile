@@ -92,3 +92,25 @@ smollm2-tools: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs/demo
+
+# issue 35 item 4: the calculator agent written only against the openai client (examples/calculator_harness.py through
+# the run's endpoint, recipes/smollm2_tools_harness.yaml) vs the in-process calculator environment on SmolLM2. SFT
+# renders tool demonstrations through the run's environment, which a harness run has not: one warm start (rebuilt
+# when recipes/smollm2_tools.yaml changes), then per seed both RL arms from it, one run at a time (one torch thread;
+# the overhead is their RL time per generated token). make smollm2-harness SEEDS="0 1" for fewer seeds
+SEEDS ?= 0 1 2
+SMOLLM2_SFT := runs/smollm2_tools_sft
+.PHONY: smollm2-harness
+$(SMOLLM2_SFT)/done: recipes/smollm2_tools.yaml | $(STAMP)
+	mkdir -p runs
+	OMP_NUM_THREADS=1 $(BIN)/rollwise sft recipes/smollm2_tools.yaml --out $(SMOLLM2_SFT) > runs/smollm2_tools_sft.log 2>&1
+	touch $@
+smollm2-harness: $(SMOLLM2_SFT)/done
+	for s in $(SEEDS); do \
+		OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/smollm2_tools_harness.yaml --overwrite --set seed=$$s \
+			--set model.path=$(SMOLLM2_SFT) --set name=smollm2_tools_harness-s$$s > runs/smollm2_tools_harness-s$$s.log 2>&1; \
+		OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/smollm2_tools.yaml --overwrite --set seed=$$s \
+			--set model.path=$(SMOLLM2_SFT) --set sft.steps=0 --set name=smollm2_tools-inproc-s$$s \
+			> runs/smollm2_tools-inproc-s$$s.log 2>&1; done
+	$(BIN)/python scripts/seeds_table.py --arm harness $(foreach s,$(SEEDS),runs/smollm2_tools_harness-s$(s)) \
+		--arm in_process $(foreach s,$(SEEDS),runs/smollm2_tools-inproc-s$(s)) --json docs/data/smollm2_tools_harness.json

@@ -116,3 +116,38 @@ def test_on_smollm2s_template_the_agents_first_prompt_is_the_in_process_one():
         got = service.prepare(req, None).prompt
         assert got == want
         assert "You can call these tools." in tok.decode(got)
+
+
+# -- recipes/smollm2_tools_harness.yaml ----------------------------------------------------------------------
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
+
+def test_the_smollm2_harness_recipe_is_the_tool_recipes_rl_with_the_agent():
+    """The same task, sampling, objective and RL budget as recipes/smollm2_tools.yaml, the agent instead of the
+    environment, from the warm-started model (no SFT here: it would render demonstrations without the tools)."""
+    from rollwise.train.config import load_run_config
+
+    harness = load_run_config(str(RECIPES / "smollm2_tools_harness.yaml")).model_dump()
+    inproc = load_run_config(str(RECIPES / "smollm2_tools.yaml")).model_dump()
+    assert harness["rollout"].pop("harness") == "examples.calculator_harness:rollout"
+    assert inproc["rollout"].pop("environment") == "calculator" and harness["rollout"].pop("environment") is None
+    assert harness["rollout"]["tool_format"] == "hermes" and harness["sft"]["steps"] == 0 < inproc["sft"]["steps"]
+    assert harness["model"]["path"] == "runs/smollm2_tools_sft"  # what `make smollm2-harness` warm-starts
+    for cfg in (harness, inproc):
+        cfg.pop("name"), cfg["sft"].pop("steps"), cfg["model"].pop("path"), cfg["rollout"].pop("harness", None)
+    assert harness == inproc
+
+
+def test_a_harness_runs_sft_on_hermes_tool_demos_is_refused(chat_engine, tmp_path):
+    """Why the harness arm starts from a warm-started directory: SFT would render the tool demonstrations
+    without the tools' system message (a harness run has no environment), so it is refused, naming the fix."""
+    from rollwise.config import ConfigError
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+
+    _, tok = chat_engine
+    cfg = load_run_config(None, [f"output_dir={tmp_path}", f"model.path={Path(tok.name_or_path)}", "task.ops='*'",
+                                 "task.tool_demos=true", "rollout.harness=examples.calculator_harness:rollout",
+                                 "rollout.tool_format=hermes", "sft.steps=1", "model.threads=1"])
+    with pytest.raises(ConfigError, match="no environment"), Trainer(cfg) as trainer:
+        trainer.prepare()

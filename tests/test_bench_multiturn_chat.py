@@ -58,6 +58,8 @@ def test_hermes_episodes_through_the_chat_template(chat_dir):
         first_turn = computed["kept"] - 4 * (t - 1) * (1 + len(inserted))
         assert first_turn == 4 * res["prompt_tokens"]
         assert naive["restored_per_episode"] == 0
+        # the process's CPU time beside wall time (on a shared machine wall time is mostly load): both paired
+        assert len(kept["cpu_seconds"]) == len(kept["seconds"]) == 1 and r["cpu_ratio_paired"] > 0
     assert res["turns"]["3"]["prefill_ratio"] > res["turns"]["2"]["prefill_ratio"] > 1
     assert f"{chat_dir.name}" in out.getvalue() and "hermes" in out.getvalue()
 

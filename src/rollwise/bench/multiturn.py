@@ -32,8 +32,9 @@ at the end of each turn.
 Prompts: ``num_prompts`` arith prompts, each after ``shots`` worked examples (~50 tokens each: real
 agent prompts carry instructions), ``episodes`` episodes per prompt, all in one engine wave
 (``batch_size`` slots). Per arm: prefill and restored tokens per episode (engine counters over
-the run), episodes/s (median over ``repeats``); paired: naive/kept seconds (median over adjacent
-pairs) and naive/kept prefill tokens. ``max_turns`` is a list: one side-by-side measurement
+the run), episodes/s (median over ``repeats``); paired: naive/kept seconds, wall and this process's
+CPU (median over adjacent pairs: on a shared machine the CPU ratio is the steadier one), and
+naive/kept prefill tokens. ``max_turns`` is a list: one side-by-side measurement
 per conversation length (the naive arm's prefill grows with the square of the turns, the kept
 arm's linearly). Each arm gets one untimed warm-up per length. Timed regions are whole
 ``generate`` calls (environment calls and tokenizer work included, the same in both arms).
@@ -172,12 +173,13 @@ def _sampler(cfg: MultiturnBenchConfig, tok, fmt, turns: int, inserted: int = 0)
     return BenchEpisodes(params, tok, lambda: EpisodeEnv(env(), 5.0, 2000), fmt, max_turns=turns)
 
 
-def _run_arm(cfg, engine, zero_stats, wrap, sampler, prompts) -> tuple[float, dict, list[list[int]]]:
-    """One timed ``generate`` of every episode: seconds, the engine's counters, completion ids."""
+def _run_arm(cfg, engine, zero_stats, wrap, sampler, prompts) -> tuple[tuple[float, float], dict, list[list[int]]]:
+    """One timed ``generate`` of every episode: (wall, CPU) seconds, the engine's counters, completion ids.
+    The process's CPU time is what the run cost; on a machine shared with other jobs wall time is mostly load."""
     engine.stats = copy.deepcopy(zero_stats)  # this run's counters only
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     groups, _ = sampler.generate(wrap(engine, cfg.turn_tokens), prompts, [cfg.episodes] * len(prompts), cfg.seed)
-    seconds = time.perf_counter() - start
+    seconds = (time.perf_counter() - start, time.process_time() - cpu)
     return seconds, engine.stats.as_dict(), [r.completion_ids for g in groups for r in g.rollouts]
 
 
@@ -200,13 +202,14 @@ def _check(cfg, turns: int, inserted: list[int], completions: dict, stats: dict)
                            "the counts do not add up")
 
 
-def _arm_result(n: int, seconds: list[float], stats: dict) -> dict:
+def _arm_result(n: int, seconds: list[float], cpu_seconds: list[float], stats: dict) -> dict:
     return {"episodes_s": statistics.median(n / s for s in seconds),
+            "episodes_cpu_s": statistics.median(n / s for s in cpu_seconds),
             "prefill_per_episode": stats["prefill_tokens"] / n,
             "restored_per_episode": stats["restored_tokens"] / n,
             "shared_per_episode": stats["prefix_tokens_shared"] / n,
             "decode_per_episode": stats["decode_tokens"] / n,
-            "seconds": seconds, "stats": stats}
+            "seconds": seconds, "cpu_seconds": cpu_seconds, "stats": stats}
 
 
 def bench_turns(cfg: MultiturnBenchConfig, engine, tok, fmt, prompts, turns: int, status) -> dict:
@@ -220,32 +223,36 @@ def bench_turns(cfg: MultiturnBenchConfig, engine, tok, fmt, prompts, turns: int
                           "turn_tokens, shots or max_turns")
     zero_stats = copy.deepcopy(engine.stats)
     wraps = {"kept": KeptTurns, "naive": FixedTurns}
-    seconds, stats, completions = {a: [] for a in ARMS}, {}, {}
+    seconds, cpu, stats, completions = {a: [] for a in ARMS}, {a: [] for a in ARMS}, {}, {}
     for arm in ARMS:
         status.update(f"max_turns={turns}: {arm}: warm-up")
         _run_arm(cfg, engine, zero_stats, wraps[arm], sampler, prompts)
     for r in range(cfg.repeats):
         for arm in ARMS if r % 2 == 0 else ARMS[::-1]:
             status.update(f"max_turns={turns}: run {r + 1}/{cfg.repeats}: {arm}")
-            s, stats[arm], completions[arm] = _run_arm(cfg, engine, zero_stats, wraps[arm], sampler, prompts)
+            (s, c), stats[arm], completions[arm] = _run_arm(cfg, engine, zero_stats, wraps[arm], sampler, prompts)
             seconds[arm].append(s)
+            cpu[arm].append(c)
         _check(cfg, turns, inserted, completions, stats)
     engine.stats = zero_stats
     n = len(prompts) * cfg.episodes
-    arms = {a: _arm_result(n, seconds[a], stats[a]) for a in ARMS}
+    arms = {a: _arm_result(n, seconds[a], cpu[a], stats[a]) for a in ARMS}
+    paired = lambda t: statistics.median(b / a for a, b in zip(t["kept"], t["naive"]))  # noqa: E731
     return {**arms, "episodes": n, "inserted_per_turn": len(inserted),
             "prefill_ratio": arms["naive"]["prefill_per_episode"] / arms["kept"]["prefill_per_episode"],
-            "time_ratio_paired": statistics.median(b / a for a, b in zip(seconds["kept"], seconds["naive"])),
+            "time_ratio_paired": paired(seconds), "cpu_ratio_paired": paired(cpu),
             "same_completions": True}
 
 
 def run_multiturn_bench(overrides: list[str], console) -> dict:
     """Episodes with the KV kept across turns vs re-prefilled each turn; print the table, return the results.
 
-    Returns ``{"turns": {"T": {"kept": ARM, "naive": ARM, "prefill_ratio", "time_ratio_paired", ...}},
+    Returns ``{"turns": {"T": {"kept": ARM, "naive": ARM, "prefill_ratio", "time_ratio_paired",
+    "cpu_ratio_paired", ...}},
     "model", "tool_format", "inserted_text", "prompt_tokens", "params", "torch_threads", "settings"}`` with
-    ``ARM = {"episodes_s", "prefill_per_episode", "restored_per_episode", "decode_per_episode", "seconds",
-    "stats"}``. Both ratios are naive / kept (above 1: keeping the cache saves that much)."""
+    ``ARM = {"episodes_s", "episodes_cpu_s", "prefill_per_episode", "restored_per_episode",
+    "decode_per_episode", "seconds", "cpu_seconds", "stats"}`` (``episodes_cpu_s``: per CPU second of this
+    process). The ratios are naive / kept (above 1: keeping the cache saves that much)."""
     cfg = load_bench_config(overrides)
     with session(cfg.threads):
         return _run(cfg, console)
@@ -301,11 +308,12 @@ def _print_table(console, cfg, model: str, results: dict) -> None:
         rows.append([turns, f"{kept['prefill_per_episode']:,.0f}", f"{naive['prefill_per_episode']:,.0f}",
                      f"{r['prefill_ratio']:.2f}x", f"{kept['restored_per_episode']:,.0f}",
                      f"{naive['shared_per_episode']:,.0f}",
-                     f"{kept['episodes_s']:.1f}", f"{naive['episodes_s']:.1f}", f"{r['time_ratio_paired']:.2f}x"])
+                     f"{kept['episodes_s']:.1f}", f"{naive['episodes_s']:.1f}", f"{r['time_ratio_paired']:.2f}x",
+                     f"{r['cpu_ratio_paired']:.2f}x"])
     console.print(table(
         f"multi-turn episodes, KV kept vs re-prefilled (naive) — {model}, "
         f"{cfg.num_prompts} prompts × {cfg.episodes} episodes, {cfg.turn_tokens} ids per turn, "
         f"median of {cfg.repeats}",
         ("turns", "prefill/ep kept", "prefill/ep naive", "naive/kept", "restored/ep kept", "shared/ep naive",
-         "ep/s kept", "ep/s naive", "time naive/kept"),
+         "ep/s kept", "ep/s naive", "time naive/kept", "CPU naive/kept"),
         rows))

@@ -79,14 +79,18 @@ tiny-tools: $(STAMP)
 
 # issue 35: SmolLM2-135M-Instruct with the calculator (SFT warm start on tool episodes, then GRPO) vs its no-tool
 # twin (the same SFT budget on direct answers, the same RL token budget), seeds 0-2, each seed's two arms side by
-# side (one torch thread each); docs/data/smollm2_tools.json and the table README.md quotes (~25 CPU-minutes a run)
+# side (one torch thread each); docs/data/smollm2_tools.json and the table README.md quotes (~25 CPU-minutes a run).
+# Resumable: a finished run (summary.json) is kept, a killed one resumes from its last checkpoint (every 5 steps).
 SMOLLM2_TOOL_RUNS := $(foreach s,0 1 2,runs/smollm2_tools-s$(s))
 SMOLLM2_NO_TOOL_RUNS := $(foreach s,0 1 2,runs/smollm2_tools_no_tool-s$(s))
 smollm2-tools: $(STAMP)
 	mkdir -p runs
 	for s in 0 1 2; do \
-		for r in smollm2_tools smollm2_tools_no_tool; do OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/$$r.yaml --overwrite \
-			--set seed=$$s --set name=$$r-s$$s > runs/$$r-s$$s.log 2>&1 & done; wait; done
+		for r in smollm2_tools smollm2_tools_no_tool; do d=runs/$$r-s$$s; \
+			if [ -f $$d/summary.json ]; then continue; fi; \
+			if ls -d $$d/checkpoints/step_* >/dev/null 2>&1; then how=--resume; else how=--overwrite; fi; \
+			OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/$$r.yaml $$how --set seed=$$s --set name=$$r-s$$s \
+				>> $$d.log 2>&1 & done; wait; done
 	$(BIN)/python scripts/seeds_table.py --arm tool $(SMOLLM2_TOOL_RUNS) --arm no_tool $(SMOLLM2_NO_TOOL_RUNS) \
 		--json docs/data/smollm2_tools.json
 

@@ -4,6 +4,7 @@ whatever the tool does (a worker process), and an environment that fails scores 
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import sys
 import threading
@@ -242,13 +243,14 @@ class FailsOnBadRows:
 
 
 class FailsAfterTheFirst:
-    """Its constructor raises from the second instance on (the first is the schema probe at load)."""
+    """Its constructor raises from the second instance on (the first is the schema probe at load), and
+    in the worker process always (a fresh process: the trainer's count is not there)."""
 
     made = 0
 
     def __init__(self):
         type(self).made += 1
-        if type(self).made > 1:
+        if type(self).made > 1 or multiprocessing.parent_process() is not None:
             raise RuntimeError("no licence left")
 
     def reset(self, **row):

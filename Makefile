@@ -98,10 +98,10 @@ clean:
 	rm -rf $(VENV) runs/demo
 
 # issue 35 item 4: the calculator agent written only against the openai client (examples/calculator_harness.py through
-# the run's endpoint, recipes/smollm2_tools_harness.yaml) vs the in-process calculator environment on SmolLM2. SFT
-# renders tool demonstrations through the run's environment, which a harness run has not: one warm start (rebuilt
-# when recipes/smollm2_tools.yaml changes), then per seed both RL arms from it, one run at a time (one torch thread;
-# the overhead is their RL time per generated token). make smollm2-harness SEEDS="0 1" for fewer seeds
+# the run's endpoint, recipes/smollm2_tools_harness.yaml) vs the in-process calculator environment on SmolLM2: one
+# warm start (rebuilt when recipes/smollm2_tools.yaml changes) that both arms share, then per seed both RL arms from
+# it, one run at a time (one torch thread; the overhead is their RL time per generated token), then the table
+# (docs/data/smollm2_tools_harness.json). make smollm2-harness SEEDS="0 1" for fewer seeds
 SEEDS ?= 0 1 2
 SMOLLM2_SFT := runs/smollm2_tools_sft
 .PHONY: smollm2-harness

@@ -138,16 +138,54 @@ def test_the_smollm2_harness_recipe_is_the_tool_recipes_rl_with_the_agent():
     assert harness == inproc
 
 
-def test_a_harness_runs_sft_on_hermes_tool_demos_is_refused(chat_engine, tmp_path):
-    """Why the harness arm starts from a warm-started directory: SFT would render the tool demonstrations
-    without the tools' system message (a harness run has no environment), so it is refused, naming the fix."""
+
+# -- SFT in a harness run: the demonstrations rendered with the tools the agent sends -------------------------
+def test_the_tiny_harness_recipe_warm_starts_on_its_calculator_demonstrations(tmp_path):
+    """recipes/tiny_calculator_harness.yaml (plain format) runs its SFT: a harness run's episode format is its
+    tool format and the tools its module declares (TOOLS), so tool demonstrations are not refused for want of
+    an environment."""
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+
+    cfg = load_run_config(str(RECIPES / "tiny_calculator_harness.yaml"), [
+        f"output_dir={tmp_path}", "sft.steps=2", "sft.batch_size=4", "task.eval_size=2"])
+    with Trainer(cfg) as trainer:
+        trainer.prepare()
+        assert len((trainer.run_dir / "sft.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_harness_runs_sft_examples_are_its_environment_twins(chat_engine, tmp_path):
+    """hermes through a ChatML template: a harness run renders each SFT demonstration with the agent's TOOLS
+    in the system message, so its SFT ids are those of the same run with the calculator environment (and the
+    prompt the endpoint renders for the agent's first call)."""
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+    from rollwise.train.sft import EpisodeFormat, demo_rows
+
+    _, tok = chat_engine
+    base = [f"model.path={Path(tok.name_or_path)}", "task.ops='*'", "task.min_digits=2", "task.tool_demos=true",
+            "rollout.tool_format=hermes", "model.threads=1", "task.eval_size=2"]
+    rows = {}
+    for arm, extra in [("harness", "rollout.harness=examples.calculator_harness:rollout"),
+                       ("environment", "rollout.environment=calculator")]:
+        with Trainer(load_run_config(None, [f"output_dir={tmp_path / arm}", *base, extra])) as trainer:
+            episodes = EpisodeFormat.of(trainer.generator)
+            rows[arm] = demo_rows(tok, trainer.task, 0, 3, episodes)
+    assert episodes.schemas == TOOLS
+    assert rows["harness"] == rows["environment"]
+    assert "You can call these tools." in tok.decode(rows["harness"][0][0])
+
+
+def test_a_harness_without_tools_cannot_warm_start_on_tool_demonstrations(chat_engine, tmp_path):
+    """A harness module that declares no TOOLS: the tools its demonstrations call are unknown — a ConfigError
+    that says to declare them."""
     from rollwise.config import ConfigError
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
 
     _, tok = chat_engine
     cfg = load_run_config(None, [f"output_dir={tmp_path}", f"model.path={Path(tok.name_or_path)}", "task.ops='*'",
-                                 "task.tool_demos=true", "rollout.harness=examples.calculator_harness:rollout",
+                                 "task.tool_demos=true", "rollout.harness=harness_agents:two_calls",
                                  "rollout.tool_format=hermes", "sft.steps=1", "model.threads=1"])
-    with pytest.raises(ConfigError, match="no environment"), Trainer(cfg) as trainer:
+    with pytest.raises(ConfigError, match="TOOLS"), Trainer(cfg) as trainer:
         trainer.prepare()

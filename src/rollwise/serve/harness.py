@@ -9,7 +9,8 @@ task's reward functions get). It calls ``client.chat.completions.create(model=ro
 as often as it likes; the endpoint records every call (prompt ids, sampled ids, behaviour
 log-probs, policy versions: ``serve/service.py``). The float it returns is the reward
 component ``environment`` (added to the task's reward functions, which score the final
-assistant turn; ``None`` = only those).
+assistant turn; ``None`` = only those). Its module may declare ``TOOLS``, the schemas its calls send:
+SFT renders tool demonstrations with them, as the endpoint renders its calls (``declared_tools``).
 
 Rebuilding the trajectory (METHODS ``token_faithful``): calls are taken in order; a call whose
 prompt ids start with an earlier segment's prompt + completion ids extends that segment (the ids
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import pickle
 import secrets
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -193,6 +195,12 @@ class HarnessSampler(Generator):
         endpoint = self.endpoints.get(engine, self._start)
         with endpoint.lock:  # one batch at a time per engine
             return self._generate(endpoint, prompts, budgets, seed)
+
+    def declared_tools(self) -> list[dict]:
+        """The tools the harness's calls send, as its module declares them (``TOOLS``; none: []): SFT
+        renders tool demonstrations with them (``train/sft.py``), as the endpoint renders its calls."""
+        fn = self.harness if callable(self.harness) else import_harness(self.spec)
+        return list(getattr(sys.modules.get(fn.__module__), "TOOLS", None) or [])
 
     def server(self, engine):
         """The endpoint serving ``engine`` (started if it is not yet)."""

@@ -8,7 +8,8 @@ A demonstration is one of:
   assistant turn with the call, the tool result, the final answer — rendered by the run's
   ``generate/conversation.ChatRenderer`` in the run's tool format, exactly as an RL episode with
   the same turns is (``demo_ids``): the prompt as the episode's first prompt (for a chat
-  template, with the environment's tools in it), each assistant turn's text then EOS (trained),
+  template, with the environment's tools in it — in a ``rollout.harness`` run, the tools the harness
+  module declares, ``TOOLS``: what its calls send the endpoint), each assistant turn's text then EOS (trained),
   and between turns the ids the episode inserts (``ChatRenderer.suffix_ids``: the chat
   template's tool message and next assistant header), which are not trained — what an
   episode's loss weights do in RL (``generate/episode.py``);
@@ -18,7 +19,8 @@ In a run (``log_to``: the run directory's ``sft.jsonl``) every SFT step appends 
 ``{"sft_step": n, "sft/loss": ..., "sft/lr": ...}`` (n from 1; the loss is the step's mean over its
 trained tokens, before the update). A task without demonstrations is a ``ConfigError`` naming the
 setting that gives them (``task.demo_field`` for ``task.name: file``) or ``sft.steps=0``; so are
-tool demonstrations in a run without ``rollout.environment``, or calling a tool it does not have.
+tool demonstrations in a run without ``rollout.environment`` or ``rollout.harness``, or calling a tool
+it (or the harness's ``TOOLS``) does not have.
 A row without a demonstration (``demonstrate`` returns None) is skipped.
 """
 
@@ -49,10 +51,15 @@ class EpisodeFormat:
 
     fmt: object  # a tasks.tool_calls.ToolFormat
     schemas: list[dict]
+    owner: str = "rollout.environment"  # what declares the tools (named in errors)
 
     @classmethod
     def of(cls, generator) -> "EpisodeFormat | None":
-        """The format of ``generator``'s episodes (an ``EpisodeSampler``: ``rollout.environment``), else None."""
+        """The format of ``generator``'s episodes (an ``EpisodeSampler``: ``rollout.environment``; a
+        ``HarnessSampler``: the tools its module declares), else None."""
+        declared = getattr(generator, "declared_tools", None)
+        if declared is not None:
+            return cls(generator.fmt, declared(), f"the harness module's TOOLS ({generator.spec})")
         envs = getattr(generator, "envs", None)
         if envs is None or getattr(generator, "fmt", None) is None:
             return None
@@ -233,9 +240,10 @@ def check_demonstrations(task: Task, episodes: EpisodeFormat | None, row: int) -
     tools = [s["function"]["name"] for s in episodes.schemas]
     missing = sorted({c.name for c in demo.calls()} - set(tools))
     if missing:
+        fix = ("use rollout.environment=calculator" if episodes.owner == "rollout.environment" else
+               "declare them there: TOOLS = [<the schemas its calls send>] beside the harness function")
         raise ConfigError(f"task {task.name!r}: the tool demonstrations call {', '.join(missing)}, which "
-                          f"rollout.environment does not have (its tools: {', '.join(tools) or 'none'}); "
-                          "use rollout.environment=calculator")
+                          f"{episodes.owner} does not have (its tools: {', '.join(tools) or 'none'}); {fix}")
 
 
 def no_demonstrations(task_name: str) -> str:

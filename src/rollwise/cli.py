@@ -469,6 +469,15 @@ def bench_ablate(json_path: JsonOpt = None, set_: SetOpt = None):
     run_ablate_bench(overrides=set_ or [], console=console, json_path=json_path)
 
 
+@bench_app.command("power")
+@friendly_errors
+def bench_power(json_path: JsonOpt = None, set_: SetOpt = None):
+    """Seeds and eval prompts a ledger needs to detect an effect, from a pilot ledger's noise floor (no training)."""
+    from rollwise.bench.power import run_power_bench
+
+    _report(run_power_bench(overrides=set_ or [], console=console), json_path)
+
+
 @bench_app.command("dist")
 @friendly_errors
 def bench_dist(json_path: JsonOpt = None, set_: SetOpt = None):

@@ -59,6 +59,8 @@ def _value(node):
 
 def calculate(expression: str) -> str:
     """Arithmetic read with ast (never eval); a whole float is written as an integer."""
+    if not isinstance(expression, str):  # the model's JSON may hold anything there
+        raise TypeError(f"expression must be text, not {type(expression).__name__}")
     try:
         result = _value(ast.parse(expression.strip(), mode="eval").body)
     except SyntaxError:

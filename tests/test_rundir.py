@@ -170,6 +170,35 @@ def test_ctrl_c_names_the_last_checkpoint_and_the_command_that_resumes(tmp_path)
     assert "Traceback" not in err
 
 
+def test_a_ctrl_c_python_swallows_in_a_finalizer_still_stops_the_run(tmp_path, monkeypatch):
+    """SIGINT while the main thread runs a ``__del__``: Python prints "Exception ignored" and would go on
+    to the run's end; the interrupt is raised again at the step's end and the run stops there."""
+    import signal
+
+    from rollwise.train.loop import Trainer
+    from rollwise.train.run import run_training
+
+    class SignalsWhenCollected:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)  # the handler runs here, inside __del__
+
+    real_step, steps = Trainer.step, []
+
+    def step(self):
+        metrics = real_step(self)
+        steps.append(self.state.step)
+        if self.state.step == 2:
+            SignalsWhenCollected()  # collected at once: its KeyboardInterrupt is swallowed
+        return metrics
+
+    monkeypatch.setattr(Trainer, "step", step)
+    cfg = load_run_config(None, [f"output_dir={tmp_path}", "name=fin", *FAST, "train.steps=6"])
+    with pytest.raises(KeyboardInterrupt):
+        run_training(cfg)
+    assert steps == [1, 2]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
 def test_ctrl_c_before_the_first_checkpoint_says_how_to_start_again(tmp_path):
     import io
 

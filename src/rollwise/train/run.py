@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
+import signal
+import threading
 from pathlib import Path
 
 from rich.console import Console
@@ -15,6 +18,39 @@ from rollwise.train.checkpoint import latest_checkpoint
 from rollwise.train.config import RunConfig
 from rollwise.train.loop import Trainer
 from rollwise.train.outcome import closing_lines
+
+
+class Interrupts:
+    """Ctrl-C that is never lost. Python's own SIGINT handler raises KeyboardInterrupt wherever the
+    main thread is; raised inside a ``__del__`` or a weakref finalizer (a worker's, a tensor's) it is
+    printed as "Exception ignored" and the run goes on to its end. This handler raises it the same
+    way and also remembers it: ``check()`` at every step and eval raises it again until it lands."""
+
+    def __init__(self):
+        self.pending = threading.Event()
+
+    def handler(self, signum, frame):
+        self.pending.set()
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.pending.is_set():
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def catch_interrupts():
+    """``Interrupts`` installed for SIGINT while the block runs (in the main thread only: elsewhere
+    signals cannot be handled, and ``check()`` never raises)."""
+    interrupts = Interrupts()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupts
+        return
+    previous = signal.signal(signal.SIGINT, interrupts.handler)
+    try:
+        yield interrupts
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _progress(console: Console) -> Progress:
@@ -32,7 +68,7 @@ def run_training(cfg: RunConfig, resume: bool = False, console: Console | None =
     run_dir = Path(cfg.output_dir) / cfg.name
     if rundir.check_start(run_dir, resume, overwrite):  # refused before minutes of model loading
         resume_rules.check_changes(run_dir, cfg.model_dump(mode="json"))
-    with Trainer(cfg) as trainer, _progress(console) as bar:
+    with catch_interrupts() as interrupts, Trainer(cfg) as trainer, _progress(console) as bar:
         sft_bar = None
         if cfg.sft.steps and not resume:
             sft_bar = bar.add_task("SFT warm start", total=cfg.sft.steps, info="")
@@ -50,12 +86,14 @@ def run_training(cfg: RunConfig, resume: bool = False, console: Console | None =
         info = {"text": ""}
 
         def on_step(step: int, metrics: dict) -> None:
+            interrupts.check()
             info["text"] = f"reward {metrics['reward/mean']:.2f}  len {metrics['length/mean']:.0f}"
             bar.update(rl, completed=step, info=info["text"])
             if not console.is_terminal and step % max(1, tc.steps // 20) == 0:
                 console.print(f"step {step}/{tc.steps}: {info['text']}")  # no live bar in logs: a line every 5%
 
         def on_eval(step: int, result) -> None:
+            interrupts.check()
             label = "initial eval" if step == 0 else f"step {step}: eval"
             console.print(f"[bold]{label}[/] accuracy {result.accuracy:.1%}  {_passk(result.pass_at, result.maj_at)}")
             bar.update(rl, info=f"{info['text']}  eval {result.accuracy:.1%}")

@@ -193,10 +193,19 @@ def test_a_ctrl_c_python_swallows_in_a_finalizer_still_stops_the_run(tmp_path, m
 
     monkeypatch.setattr(Trainer, "step", step)
     cfg = load_run_config(None, [f"output_dir={tmp_path}", "name=fin", *FAST, "train.steps=6"])
-    with pytest.raises(KeyboardInterrupt):
-        run_training(cfg)
-    assert steps == [1, 2]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    runner = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's Ctrl-C, whatever the runner set
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_training(cfg)
+        assert steps == [1, 2]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+        # where SIGINT is ignored (a shell's background job), it stays ignored: the run goes on to its end
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        steps.clear()
+        run_training(cfg.model_copy(update={"name": "ignored"}))
+        assert steps == [1, 2, 3, 4, 5, 6] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, runner)
 
 
 def test_ctrl_c_before_the_first_checkpoint_says_how_to_start_again(tmp_path):

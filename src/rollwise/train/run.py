@@ -40,10 +40,12 @@ class Interrupts:
 
 @contextlib.contextmanager
 def catch_interrupts():
-    """``Interrupts`` installed for SIGINT while the block runs (in the main thread only: elsewhere
-    signals cannot be handled, and ``check()`` never raises)."""
+    """``Interrupts`` installed for SIGINT while the block runs, where Python's own Ctrl-C handler is
+    (the main thread; not where SIGINT is ignored, as in a shell's background job, nor replaced by
+    the caller): elsewhere ``check()`` never raises."""
     interrupts = Interrupts()
-    if threading.current_thread() is not threading.main_thread():
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield interrupts
         return
     previous = signal.signal(signal.SIGINT, interrupts.handler)

@@ -73,10 +73,10 @@ def test_a_conversational_row_samples_through_the_endpoint_exactly_the_in_proces
     the in-process episode's first prompt (system message + the tools' system text + the question with
     its instructions), and the same sampled ids, inserted tool-message ids and behaviour log-probs."""
     from rollwise.serve.harness import HarnessSampler
+    from test_harness import digits_stop
 
     engine, tok = chat_engine
-    stops = tuple(tok(c, add_special_tokens=False)["input_ids"][0] for c in "0123456789") + (tok.eos_token_id,)
-    params = SamplingParams(max_new_tokens=40, stop_token_ids=stops)
+    params = SamplingParams(max_new_tokens=40, stop_token_ids=digits_stop(tok))
     fmt = AlwaysCall()
     inproc = EpisodeSampler(params, tok, episode_envs("calculator", 10.0, 2000), fmt, max_turns=2)
     harness = HarnessSampler(params, tok, fmt, rollout)

@@ -1,4 +1,4 @@
-"""``rollwise``: train | sft | export | eval | report | serve | list | bench.
+"""``rollwise``: train | sft | export | eval | calibrate | report | serve | list | bench.
 
 Errors a user can fix (config, paths, data) print one line and exit 2; set
 ``ROLLWISE_DEBUG=1`` for the traceback.
@@ -161,6 +161,32 @@ def eval_(
     console.print(json.dumps(record, indent=2))
     if json_path:
         json_path.write_text(json.dumps(record, indent=2))
+
+
+@app.command()
+@friendly_errors
+def calibrate(
+    recipe: RecipeArg = None,
+    set_: SetOpt = None,
+    out: Annotated[Path, typer.Option("--out", help="the calibration JSON (task.select.path reads it)")] = Path(
+        "calibration.json"),
+    prompts: Annotated[int, typer.Option(min=1, help="the first N train prompts")] = 300,
+    k: Annotated[int, typer.Option(min=1, help="sampled completions per prompt")] = 8,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing --out")] = False,
+):
+    """The starting model's pass@k on the first N train prompts (sampled as training samples), each
+    prompt sorted into never / mixed / always solved, for `task.select` to train on (docs/tasks.md).
+    Resumable: rerun the same command after an interruption."""
+    from rollwise.train.calibrate import calibrate as run
+    from rollwise.train.config import load_run_config
+
+    cfg = load_run_config(str(recipe) if recipe else None, set_ or [])
+    with console.status("calibrating") as status:
+        record = run(cfg, out, prompts, k, overwrite=overwrite,
+                     on_chunk=lambda done, total: status.update(f"calibrating: {done}/{total} prompts"))
+    s = record["split"]
+    console.print(f"pass@{k} of {len(record['prompts'])} prompts: never {s['never']}, mixed {s['mixed']}, always "
+                  f"{s['always']}; wrote {out}")
 
 
 def _eval_table(rows: list[tuple[str, str]], prompts: int):

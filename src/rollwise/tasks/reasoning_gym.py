@@ -47,6 +47,7 @@ from rollwise.config import ConfigError, StrictModel
 from rollwise.filter.reasoning_gym import make_reward
 from rollwise.tasks.base import Task
 from rollwise.tasks.labels import LabelsMode, labels_field
+from rollwise.tasks.selection import SelectConfig, select
 from rollwise.tasks.tool_demos import Conversation, calculator_episode, expression_of
 from rollwise.types import Prompt
 
@@ -100,6 +101,12 @@ class ReasoningGymConfig(StrictModel):
         False, description="SFT demonstrations are calculator episodes: calculate(the item's expression), the result "
         "(not trained), the answer in answer_format — for rollout.environment=calculator on datasets whose items "
         "carry an expression (basic_arithmetic, chain_sum, products)")
+    data_seed: int | None = Field(
+        None, description="seed of the prompts (train stream and eval split); null = the run's seed. Fix it to train "
+        "several seeds on one set of prompts (a ledger's paired arms) or to use a calibration (task.select)")
+    select: SelectConfig | None = Field(
+        None, description="train only on prompts chosen by the starting model's pass@k (`rollwise calibrate` writes "
+        "the file): {path, never, mixed, always} shares, a third each by default (docs/tasks.md)")
 
     @field_validator("datasets")
     @classmethod
@@ -114,6 +121,9 @@ class ReasoningGymConfig(StrictModel):
 
     def build(self, seed: int, sandbox=None) -> Task:  # no code runs: the sandbox is not used
         return build(self, seed)
+
+    def data_seed_for(self, run_seed: int) -> int:
+        return run_seed if self.data_seed is None else self.data_seed
 
 
 def _import_factory():
@@ -285,7 +295,10 @@ def check_tool_demos(source: "ReasoningGymSource") -> None:
                               "demonstrations are made for basic_arithmetic, chain_sum and products")
 
 
-def build(cfg: ReasoningGymConfig, seed: int = 0) -> Task:
+def build(cfg: ReasoningGymConfig, run_seed: int = 0) -> Task:
+    """The task; its prompts come from ``cfg.data_seed`` (default ``run_seed``); ``task.select`` narrows the
+    train stream to calibrated prompts, shuffled per epoch by ``run_seed``."""
+    seed = cfg.data_seed_for(run_seed)
     gens = generators(cfg, seed)
     system = cfg.system_prompt if cfg.system_prompt is not None else _default_system_prompt(cfg.answer_format)
     source = ReasoningGymSource(gens, [d.weight for d in cfg.datasets], seed, cfg.answer_format, system, set())
@@ -297,10 +310,11 @@ def build(cfg: ReasoningGymConfig, seed: int = 0) -> Task:
     demo = tool_demonstration if cfg.tool_demos else demonstrate
     return Task(
         name="reasoning_gym",
-        train=source,
+        train=source if cfg.select is None else select(source, cfg, run_seed),
         eval=evals,
         rewards={"reasoning_gym": make_reward({g.name: g.score_answer for g in gens}, cfg.answer_format)},
         demonstrate=lambda prompt: demo(prompt, cfg.answer_format),
         description=f"reasoning-gym: {names}; answers in {cfg.answer_format}"
+                    + (f"; train prompts selected by pass@k ({cfg.select.path})" if cfg.select else "")
                     + ("; demonstrations call the calculator" if cfg.tool_demos else ""),
     )

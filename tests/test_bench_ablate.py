@@ -16,7 +16,7 @@ from rollwise.bench.ablate import (
     ratio_presets,
     summarize,
 )
-from rollwise.bench.ledger import to_markdown
+from rollwise.bench.ledger import cells, to_markdown
 from rollwise.bench.stats import NO_DIFFERENCE
 from rollwise.config import ConfigError
 
@@ -162,7 +162,7 @@ def test_noise_floor_and_regimes():
     assert "#### arith, off-policy regime `epochs2`" in md
     assert md.index("objective:cispo@epochs2") > md.index("off-policy regime")
     dapo = next(x for x in md.splitlines() if x.startswith("| objective:dapo |"))
-    assert "| +16.0 [+4.9, +27.1] | 0.016 | 5×100 | 2 | 0.50× (5/5) |" in dapo and dapo.endswith("| better |")
+    assert "| +16.0 [+4.9, +27.1] | 0.016 | 5×100 | 2 | 0.50× (5/5) [0.50, 0.50] |" in dapo and dapo.endswith("| better |")
 
 
 def test_arms_and_their_lines():
@@ -203,6 +203,22 @@ def test_regime_and_joined_arms():
         load_ablate_config(["arms=[objective:dapo+vade]"])
     with pytest.raises(ConfigError, match="recipe: no file"):
         load_ablate_config(["recipe=no/such/recipe.yaml"])
+
+
+def test_an_arm_at_a_setting():
+    """``set:key=value`` joins a config line: a method at the setting its paper recommends, its own arm."""
+    arm = "control:xrpo_alloc+set:control.xrpo.lam=0.1"
+    assert arm_lines(arm) == ["control.method=xrpo_alloc", "control.xrpo.lam=0.1"]
+    cfg = load_ablate_config([f"arms=[control:xrpo_alloc,{arm}]", "noise_floor=false"])
+    assert all_arms(cfg) == [BASELINE, "control:xrpo_alloc", arm]
+    with pytest.raises(ConfigError, match="'set:control.xrpo.lam' is not set:key=value"):
+        load_ablate_config(["arms=[control:xrpo_alloc+set:control.xrpo.lam]"])
+
+
+def test_tokens_ratio_has_its_interval():
+    table = summarize(*ledger_runs())
+    assert table["objective:dapo"]["tokens_ratio_ci95"] == pytest.approx([0.5, 0.5])  # every seed exactly half
+    assert "0.50× (5/5) [0.50, 0.50]" in cells("objective:dapo", table["objective:dapo"])
 
 
 def ablate(out, *sets):

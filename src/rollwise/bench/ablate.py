@@ -7,7 +7,8 @@ regime (``REGIMES``: ``epochs2`` = two optimizer passes per batch, ``async1`` = 
 staleness 1, ``replay`` = rollout replay) against the baseline in that regime
 (``baseline@<regime>``); ``regime:<regime>`` is the regime itself (the baseline there) against the
 baseline (e.g. ``regime:async1``: what going async costs). Arms join with ``+`` into one arm
-(``objective:dapo+control:vade``). Default arms (``default_arms()``): every method id implemented, plus,
+(``objective:dapo+control:vade``); ``set:<key>=<value>`` joins any other config line, for an arm at a
+setting its paper recommends (``control:xrpo_alloc+set:control.xrpo.lam=0.1``). Default arms (``default_arms()``): every method id implemented, plus,
 in each of ``regimes``, every objective preset that differs from GRPO only in fields that act
 through the importance ratio (``ratio_presets()``: at one optimizer pass, on fresh samples, the
 ratio is 1 and those fields do nothing). The ``noise_floor`` arm is the baseline again with other
@@ -38,6 +39,7 @@ computation at these settings and are reported once, with every id (``ids``). Wr
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Literal
@@ -139,7 +141,9 @@ def load_ablate_config(overrides: list[str]) -> AblateBenchConfig:
         body, _, regime = arm.partition("@")
         for part in body.split("+"):
             stage, _, name = part.partition(":")
-            if (stage not in (*STAGE_KEYS, "regime") or not name) and body != BASELINE:
+            if stage == "set" and "=" not in name:
+                raise ConfigError(f"arms: {arm!r}: {part!r} is not set:key=value (e.g. set:control.xrpo.lam=0.1)")
+            if (stage not in (*STAGE_KEYS, "regime", "set") or not name) and body != BASELINE:
                 raise ConfigError(f"arms: {arm!r} is not stage:id; stages are {', '.join(STAGE_KEYS)}, regime "
                                   "(e.g. objective:dapo, control:vade, objective:cispo@epochs2, regime:async1, "
                                   "objective:dapo+control:vade)")
@@ -175,7 +179,10 @@ def arm_lines(arm: str) -> list[str]:
         lines = []
         for part in body.split("+"):
             stage, _, name = part.partition(":")
-            lines += REGIMES[name] if stage == "regime" else [stage_line(stage, name), *ARM_EXTRAS.get(part, [])]
+            if stage == "set":
+                lines.append(name)
+            else:
+                lines += REGIMES[name] if stage == "regime" else [stage_line(stage, name), *ARM_EXTRAS.get(part, [])]
     return lines + (REGIMES[regime] if regime else [])
 
 
@@ -233,7 +240,7 @@ def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out
     if "train.mode=async" in lines:
         lines += [f"train.generation_threads={torch.get_num_threads()}",
                   f"train.update_threads={torch.get_num_threads()}"]
-    name = f"{task}_{arm.replace(':', '_').replace('@', '_').replace('+', '_')}_{seed}"
+    name = f"{task}_{re.sub(r'[^A-Za-z0-9_.-]', '_', arm)}_{seed}"
     if cfg.recipe is None:
         common = [*rl_sets(cfg, out / "runs", name, seed, warm, cfg.eval_every), *task_sets(cfg, task)]
     else:  # the recipe's model, task and settings
@@ -257,6 +264,12 @@ def _effect(rs: dict[int, dict], base: dict[int, dict], seeds: list[int]) -> dic
     mean, ci, p = seed_test(diffs)
     return {"difference": mean, "ci95": None if ci is None else list(ci), "p": p, "seed_differences": diffs,
             "seeds": len(seeds), "pairs": None, "prompt_se": None, "verdict": verdict(ci, p)}
+
+
+def _interval(values: list[float]) -> list[float] | None:
+    """The 95% t interval of the mean over seeds (None below two values)."""
+    ci = seed_test(values)[1] if len(values) >= 2 else None
+    return None if ci is None else list(ci)
 
 
 def _fingerprint(record: dict) -> str | None:
@@ -291,6 +304,7 @@ def summarize(runs: list[dict], arms: list[str]) -> dict[str, dict]:
                "steps_mean": statistics.mean(r.get("steps", 0) for r in rs.values()),
                "wall_seconds": statistics.mean(r["wall_seconds"] for r in rs.values()),
                "tokens_ratio": statistics.mean(ratios) if ratios else None, "reached": len(ratios),
+               "tokens_ratio_ci95": _interval(ratios),
                "departs_at": departs_at(rs, base)}
         if seeds and arm != baseline_of(arm):
             row |= _effect(rs, base, seeds)

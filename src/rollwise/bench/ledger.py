@@ -16,7 +16,9 @@ RULE = ("Δ: the arm's greedy accuracy minus its baseline's, in points, paired b
         "\"better\"/\"worse\" only when it excludes 0 (p < 0.05), else \"no detectable difference\". n: seeds × "
         "prompts per seed. Departs at step: the first step at which the arm's runs sampled other tokens or "
         "rewards than the baseline's on the same seed (earliest over seeds; \"never\": identical for the whole "
-        "budget — the method had no occasion to act). Ids joined by ≡: runs identical on every seed, one "
+        "budget — the method had no occasion to act). Tokens to baseline's final: the generated tokens at the arm's "
+        "first eval at or above the baseline's final accuracy over the baseline's own, mean over the seeds that "
+        "reached it (reached/seeds) [95% t interval over those seeds]. Ids joined by ≡: runs identical on every seed, one "
         "computation at these settings, reported once. The noise floor is the baseline again with other "
         "sampling seeds: it reads \"no detectable difference\" in 95% of ledgers; when it does not, distrust "
         "the verdicts.")
@@ -46,6 +48,9 @@ def cells(arm: str, row: dict) -> list[str]:
     if "refused" in row:
         return [ids, line, *["—"] * 7, f"refused: {row['refused']}"]
     ratio = "—" if row["tokens_ratio"] is None else f"{row['tokens_ratio']:.2f}× ({row['reached']}/{row['seeds']})"
+    if row.get("tokens_ratio_ci95"):
+        lo, hi = row["tokens_ratio_ci95"]
+        ratio += f" [{lo:.2f}, {hi:.2f}]"
     p = "—" if row.get("p") is None else (f"{row['p']:.3f}" if row["p"] >= 0.001 else "<0.001")
     n = "—" if not row.get("pairs") else f"{row['seeds']}×{row['pairs'] // row['seeds']}"
     baseline = row.get("verdict") == "baseline"

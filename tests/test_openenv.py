@@ -3,12 +3,13 @@
 ``ProductEnv`` below is an MCP environment built the way OpenEnv's own are (``MCPEnvironment`` +
 ``create_app``): a calculator, a per-session counter, and ``submit`` that is rewarded 1 when the
 answer is the row's and ends the episode. It is served on 127.0.0.1 by uvicorn in a thread, and by
-a separate process (``python tests/test_openenv.py PORT``) where a test needs to kill it.
+a separate process (``python tests/test_openenv.py FD``, on a socket it inherits) where a test needs to kill it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import subprocess
 import sys
@@ -114,10 +115,23 @@ app = create_app(ProductEnv, CallToolAction, CallToolObservation, max_concurrent
 
 
 # -- serving it ------------------------------------------------------------------------------------------
-def free_port() -> int:
+@contextlib.contextmanager
+def unanswered_port():
+    """A port nothing answers on (a connection is refused) and no other process can take while the block
+    runs: it stays bound, never listened on. A port merely found free could be taken meanwhile by another
+    test process's server (pytest -n)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
+
+
+def listening_socket() -> socket.socket:
+    """A socket listening on a free port of 127.0.0.1, bound here: a server handed it has its port from the
+    start, with no moment where another process could take it (a server told a port number binds it late)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
 
 
 def wait_healthy(url: str, proc=None, bound: float = 90.0) -> None:
@@ -141,8 +155,7 @@ def server():
     """``ProductEnv`` served by uvicorn in a thread of this process, on a free port: its URL."""
     import uvicorn
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock = listening_socket()
     srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -169,20 +182,20 @@ def test_a_malformed_address_is_a_config_error_with_the_fix(spec):
 
 
 def test_an_unreachable_server_is_a_config_error_naming_the_field(tmp_path):
-    port = free_port()
-    with pytest.raises(ConnectionRefusedError):  # nothing listens there: the check is not vacuous
-        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
-    with pytest.raises(ConfigError, match=rf"rollout.environment: no OpenEnv server answers at "
-                                          rf"http://127.0.0.1:{port} \(URLError.*\); start it"):
-        episode_envs(f"openenv:http://127.0.0.1:{port}", 5.0, 2000)
-    # and from a run's config, before any step
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
 
-    cfg = load_run_config(None, [f"output_dir={tmp_path}", f"rollout.environment=openenv:http://127.0.0.1:{port}",
-                                 "model.threads=1"])
-    with pytest.raises(ConfigError, match="rollout.environment: no OpenEnv server answers"):
-        Trainer(cfg).prepare()
+    with unanswered_port() as port:
+        with pytest.raises(ConnectionRefusedError):  # nothing listens there: the check is not vacuous
+            socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+        with pytest.raises(ConfigError, match=rf"rollout.environment: no OpenEnv server answers at "
+                                              rf"http://127.0.0.1:{port} \(URLError.*\); start it"):
+            episode_envs(f"openenv:http://127.0.0.1:{port}", 5.0, 2000)
+        # and from a run's config, before any step
+        cfg = load_run_config(None, [f"output_dir={tmp_path}", f"rollout.environment=openenv:http://127.0.0.1:{port}",
+                                     "model.threads=1"])
+        with pytest.raises(ConfigError, match="rollout.environment: no OpenEnv server answers"):
+            Trainer(cfg).prepare()
 
 
 def test_the_servers_tools_come_in_get_json_schemas_shape(server):
@@ -305,9 +318,11 @@ def test_a_server_that_dies_mid_step_scores_its_episodes_0_and_training_goes_on(
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
 
-    port = free_port()
+    with listening_socket() as sock:  # the server process gets the socket itself; ours closes once it has it
+        port = sock.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, __file__, str(sock.fileno())], pass_fds=[sock.fileno()],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, __file__, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_healthy(url, proc)
         cfg = load_run_config(None, [f"output_dir={tmp_path}", "task.max_digits=2", "task.eval_size=4",
@@ -348,7 +363,7 @@ def test_a_server_that_dies_mid_step_scores_its_episodes_0_and_training_goes_on(
         proc.wait()
 
 
-if __name__ == "__main__":  # the killable server: python tests/test_openenv.py PORT
+if __name__ == "__main__":  # the killable server: python tests/test_openenv.py FD (a listening socket it inherited)
     import uvicorn
 
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[socket.socket(fileno=int(sys.argv[1]))])

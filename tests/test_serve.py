@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
+import re
 import subprocess
 import sys
 import threading
@@ -627,21 +627,19 @@ def test_a_tool_result_extends_the_recorded_call(scripted):
 
 
 # -- the command -------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_rollwise_serve_tiny_answers_an_openai_client():
-    """... with the API key from ROLLWISE_API_KEY (a request without it: 401)."""
-    port = free_port()
+    """... with the API key from ROLLWISE_API_KEY (a request without it: 401). On --port 0, a port the server
+    binds itself and prints: a port number found free here could be taken by another process (pytest -n)
+    before the server binds it, and the health check would then ask someone else's server."""
     env = os.environ | {"OMP_NUM_THREADS": "1", "ROLLWISE_API_KEY": "sesame"}
-    proc = subprocess.Popen([sys.executable, "-m", "rollwise.cli", "serve", "tiny", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "rollwise.cli", "serve", "tiny", "--port", "0",
                              "--max-tokens", "8", "--max-batch-size", "4"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        url = f"http://127.0.0.1:{port}"
+        banner = proc.stdout.readline()  # "serving 'tiny' (...) at http://127.0.0.1:PORT/v1 — Ctrl-C stops"
+        found = re.search(r"at (http://127\.0\.0\.1:[1-9][0-9]*)/v1 ", banner)
+        assert found, (banner, proc.stderr.read() if proc.poll() is not None else "")
+        url = found[1]
 
         def healthy() -> bool:
             assert proc.poll() is None, proc.stderr.read()
@@ -660,7 +658,7 @@ def test_rollwise_serve_tiny_answers_an_openai_client():
         proc.terminate()
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
-    assert f"{url}/v1" in out
+    assert f"{url}/v1" in banner
 
 
 def test_rollwise_serve_a_missing_model_is_a_one_line_error(tmp_path):

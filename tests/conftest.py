@@ -23,6 +23,7 @@ import tempfile
 import pytest
 import torch
 from hypothesis import settings
+from once import once, shared_root
 from tinymodel import tiny_redrawn
 
 torch.set_num_threads(1)
@@ -47,16 +48,18 @@ def tiny():
 @pytest.fixture(scope="session")
 def warm(tmp_path_factory):
     """A tiny model after 150 SFT steps on 1-digit arith (its saved directory): its groups come
-    back mixed, so RL steps carry real gradients. Shared by the loop-level test files."""
+    back mixed, so RL steps carry real gradients. Shared by the loop-level test files, and built
+    once for all the workers of a parallel run (tests/once.py)."""
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
 
-    out = tmp_path_factory.mktemp("warm")
-    cfg = load_run_config(None, [f"output_dir={out}", "name=warm", "task.max_digits=1", "task.eval_size=8",
-                                 "model.threads=1", "sft.steps=150", "train.steps=0"])
-    with Trainer(cfg) as t:
-        t.prepare()
-    return out / "warm" / "init_model"
+    def build(out):
+        cfg = load_run_config(None, [f"output_dir={out}", "name=warm", "task.max_digits=1", "task.eval_size=8",
+                                     "model.threads=1", "sft.steps=150", "train.steps=0"])
+        with Trainer(cfg) as t:
+            t.prepare()
+
+    return once(shared_root(tmp_path_factory), "warm", build) / "warm" / "init_model"
 
 
 @pytest.fixture(scope="session")

@@ -26,11 +26,18 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rollwise train recipes/demo.yaml
 
+# the suite on 2 worker processes (pytest-xdist, the test extra), CI's 2 cores: each test file runs whole on one
+# worker (--dist loadfile: a file's module-scoped models are built once). Not -n auto: it counts physical cores
+# (1 on a 2-vCPU hyperthreaded VM) and on a big machine starts a torch process per core for a wall the longest
+# file bounds anyway. make test TEST_WORKERS=0 runs it serially in one process; TEST_WORKERS=4 on more cores
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -q -m ''
+	$(PYTEST) -m ''
 
 # a recipe over seeds 0-2, side by side (one torch thread each), then the table README.md and docs/models.md quote
 # (docs/data/<recipe>.json): SmolLM2-135M-Instruct, 20 minutes of RL per seed.

@@ -126,6 +126,8 @@ class AblateBenchConfig(TaskBenchConfig):
                                "model from its own weights (no SFT warm start), task and settings (`preset`, "
                                "`sft_steps`, `num_generations`, `prompts_per_step`, `lr` unused)")
     recipe_tokens: int = Field(10_000, ge=1, description="with `recipe`: generated-token budget of every run")
+    checkpoint_every: int = Field(0, ge=0, description="checkpoint every run every N steps, and resume a killed run "
+                                  "from its last checkpoint (0: a killed run starts again; for long runs)")
 
     def budget(self, task: str) -> int:
         return self.recipe_tokens if self.recipe else super().budget(task)
@@ -247,7 +249,8 @@ def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out
         common = run_sets(out / "runs", name, seed, cfg.eval_every)
     sets = [*common, threads_set(), *lines, *seed_sets(split_arm(arm)[0], seed)]
     try:
-        run = train_run(sets, console, f"{task}: {arm}, seed {seed}", tokens=cfg.budget(task), recipe=cfg.recipe)
+        run = train_run(sets, console, f"{task}: {arm}, seed {seed}", tokens=cfg.budget(task), recipe=cfg.recipe,
+                        checkpoint_every=cfg.checkpoint_every)
     except ConfigError as e:
         return record | {"refused": str(e)}
     return record | run.record(seed) | {

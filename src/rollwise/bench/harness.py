@@ -221,19 +221,27 @@ class Run:
 
 
 def train_run(sets: list[str], console, label: str, tokens: int | None = None, keep: tuple[str, ...] = (),
-              recipe: str | None = None) -> Run:
+              recipe: str | None = None, checkpoint_every: int = 0) -> Run:
     """Train one run of ``sets`` (after ``recipe``, if any) until the engine has sampled ``tokens``
     tokens (None: the config's own ``train`` limits), showing ``label`` and the progress.
-    ``keep``: the step metrics to record, by name or by prefix (ending in ``/``)."""
+    ``keep``: the step metrics to record, by name or by prefix (ending in ``/``).
+
+    ``checkpoint_every`` > 0: the run checkpoints every that many steps (the last checkpoint kept) and
+    a run directory holding one resumes from it — a long bench killed mid-run loses at most that many
+    steps; the record is then read back from the run directory (``history``), the same as uninterrupted.
+    0: a killed run starts again in place."""
     from rollwise.train.config import load_run_config
     from rollwise.train.loop import Trainer
     from rollwise.train.state import RunLimits
 
     prefixes = tuple(k for k in keep if k.endswith("/"))
+    if checkpoint_every:
+        sets = [*sets, f"train.checkpoint_every={checkpoint_every}", "train.keep_checkpoints=1"]
     evals, trace, steps = [], [], []
     start = time.perf_counter()
     with console.status(label) as status, Trainer(load_run_config(recipe, sets)) as trainer:
-        trainer.prepare(overwrite=True)  # a killed bench (ablate) runs its unfinished arm again in place
+        resume = checkpoint_every > 0 and any((trainer.run_dir / "checkpoints").glob("step_*"))
+        trainer.prepare(resume=resume, overwrite=not resume)  # else a killed bench runs its arm again in place
         state = trainer.state
 
         def on_eval(step: int, result) -> None:
@@ -248,9 +256,34 @@ def train_run(sets: list[str], console, label: str, tokens: int | None = None, k
 
         limits = RunLimits(generated_tokens=tokens) if tokens else None
         summary = trainer.fit(limits, on_step=on_step, on_eval=on_eval)
+    if checkpoint_every:
+        evals, trace, steps = history(trainer.run_dir, keep)
     # a bench keeps its records, not weights: fit's final checkpoint (1.6 GB for SmolLM2-135M) goes
     shutil.rmtree(trainer.run_dir / "checkpoints", ignore_errors=True)
     return Run(summary, evals, trace, steps, time.perf_counter() - start)
+
+
+def history(run_dir: Path, keep: tuple[str, ...] = ()) -> tuple[list[dict], list[list], list[dict]]:
+    """A run's evals, trace and kept step metrics as ``train_run`` records them, read from its
+    ``metrics.jsonl`` and ``evals.jsonl`` (which a resumed run continues): an eval's ``tokens`` are the
+    generated tokens after its step, its ``wall`` the RL step seconds up to it."""
+    prefixes = tuple(k for k in keep if k.endswith("/"))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    correct = {}
+    for line in (run_dir / "evals.jsonl").read_text().splitlines():
+        if line.strip():
+            e = json.loads(line)
+            correct[e["step"]] = e["correct"]
+    evals, trace, steps, tokens, wall = [], [], [], 0, 0.0
+    for row in rows:
+        if "eval/accuracy" in row:
+            evals.append({"step": row["step"], "wall": wall, "tokens": tokens, "accuracy": row["eval/accuracy"],
+                          "correct": correct.get(row["step"])})
+        elif "tokens/total" in row:
+            tokens, wall = int(row["tokens/total"]), wall + row.get("time/step", 0.0)
+            trace.append([row.get("tokens/generated"), row.get("reward/mean")])
+            steps.append({k: v for k, v in row.items() if k != "step" and (k.startswith(prefixes) or k in keep)})
+    return evals, trace, steps
 
 
 # -- arms against their baseline ---------------------------------------------------------------

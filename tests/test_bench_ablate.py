@@ -229,7 +229,7 @@ def ablate(out, *sets):
             "--set", "arith_max_digits=1", "--set", "arith_max_new_tokens=16", "--set", "eval_every=2"]
     result = CliRunner().invoke(app, args + [x for kv in sets for x in ("--set", kv)])
     assert result.exit_code == 0, result.output
-    lines = (out / "results.jsonl").read_text().splitlines()
+    lines = [line for path in sorted(out.glob("results*.jsonl")) for line in path.read_text().splitlines()]
     return lines, {(r["arm"], r["seed"]): r for r in map(json.loads, lines)}
 
 
@@ -307,3 +307,26 @@ def test_bench_ablate_on_a_recipe(tmp_path):
         assert f"num_iterations: {iterations}" in config and "\nseed: 3\n" in config
         assert not (out / "runs" / f"tiny_add_{arm.replace(':', '_')}_3" / "checkpoints").exists()  # no weights kept
     assert list(json.loads((out / "ledger.json").read_text())["tasks"]) == ["tiny_add"]
+
+
+def test_shards_split_the_runs_and_share_one_ledger(tmp_path):
+    """Two shards of one ablation run disjoint halves into their own files; a run without a shard then
+    finds every run done (trains nothing) and its ledger holds all of them, as one process would."""
+    from rollwise.bench import ablate as ab
+
+    sets = ["arms=[objective:dr_grpo]", "sft_steps=5", "noise_floor=false"]
+    first, _ = ablate(tmp_path / "a", *sets, "shard=0/2")
+    second, _ = ablate(tmp_path / "a", *sets, "shard=1/2")
+    assert not (tmp_path / "a" / "results.jsonl").exists()
+    shard0 = [json.loads(x) for x in (tmp_path / "a" / "results.0.jsonl").read_text().splitlines()]
+    shard1 = [json.loads(x) for x in (tmp_path / "a" / "results.1.jsonl").read_text().splitlines()]
+    assert [(r["seed"], r["arm"]) for r in shard0] == [(0, BASELINE), (1, BASELINE)]
+    assert [(r["seed"], r["arm"]) for r in shard1] == [(0, "objective:dr_grpo"), (1, "objective:dr_grpo")]
+    whole, _ = ablate(tmp_path / "a", *sets)  # nothing left to run
+    assert not (tmp_path / "a" / "results.jsonl").exists()
+    ledger = json.loads((tmp_path / "a" / "ledger.json").read_text())["tasks"]["arith"]
+    rows = [row for row in ledger.values() if "objective:dr_grpo" in row["ids"]]  # (its own, or merged: identical)
+    assert len(rows) == 1 and rows[0]["seeds"] == 2 and ledger[BASELINE]["seeds"] == 2
+    with pytest.raises(ConfigError, match="shard"):
+        load_ablate_config(["shard=2"])
+    assert ab.my_runs([("t", 0, "a"), ("t", 0, "b"), ("t", 1, "a")], "0/2") == [("t", 0, "a"), ("t", 1, "a")]

@@ -22,7 +22,11 @@ accuracy every ``eval_every`` steps and at the end; each run keeps its final eva
 per prompt, every eval's, and its per-step trace (tokens sampled, mean reward).
 
 Resumable: every finished run is appended to ``OUT/results.jsonl`` and the warm starts stay in
-``OUT/warm_<task>``; a killed ablation started again with the same ``out`` skips what is done.
+``OUT/warm_<task>``; a killed ablation started again with the same ``out`` skips what is done
+(``checkpoint_every``: a killed run itself resumes from its last checkpoint). ``shard=i/n`` splits
+the runs over n processes sharing ``out`` (each appends to its own ``results.<i>.jsonl`` and reads
+every file; with the tiny tasks, let one make the warm starts first); a final run without a shard
+finds everything done and writes the ledger.
 An arm whose config is refused (a ConfigError: a combination that makes no sense) is recorded
 as refused with the reason, not run.
 
@@ -126,6 +130,9 @@ class AblateBenchConfig(TaskBenchConfig):
                                "model from its own weights (no SFT warm start), task and settings (`preset`, "
                                "`sft_steps`, `num_generations`, `prompts_per_step`, `lr` unused)")
     recipe_tokens: int = Field(10_000, ge=1, description="with `recipe`: generated-token budget of every run")
+    shard: str | None = Field(None, pattern=r"^\d+/\d+$", description="i/n: run only every n-th (seed, arm) run "
+                              "starting at the i-th, into results.<i>.jsonl — n processes with the same `out` share "
+                              "the ledger (each reads all results files); a last run without a shard writes it")
     checkpoint_every: int = Field(0, ge=0, description="checkpoint every run every N steps, and resume a killed run "
                                   "from its last checkpoint (0: a killed run starts again; for long runs)")
 
@@ -205,25 +212,54 @@ def all_arms(cfg: AblateBenchConfig) -> list[str]:
     return arms
 
 
+def results_file(out: Path, shard: str | None) -> Path:
+    """Where this process appends its runs: ``results.jsonl``, or ``results.<i>.jsonl`` for shard ``i/n``."""
+    return out / ("results.jsonl" if shard is None else f"results.{shard.split('/')[0]}.jsonl")
+
+
+def read_results(out: Path, mine: Path) -> list[dict]:
+    """Every finished run in ``out`` (every shard's file); ``mine`` is rewritten without a line cut by a kill
+    (the other shards' files belong to their processes)."""
+    finished = []
+    for path in sorted(out.glob("results*.jsonl")):
+        records = read_jsonl(path)
+        if path == mine:
+            path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        finished += records
+    return finished
+
+
+def my_runs(pending: list[tuple[str, int, str]], shard: str | None) -> list[tuple[str, int, str]]:
+    """The (task, seed, arm) runs this process takes: all, or shard ``i/n``'s every n-th from the i-th.
+
+    >>> my_runs([("t", 0, "a"), ("t", 0, "b"), ("t", 1, "a")], "1/2")
+    [('t', 0, 'b')]
+    """
+    if shard is None:
+        return pending
+    i, n = map(int, shard.split("/"))
+    return pending[i::n]
+
+
 def run_ablate_bench(overrides: list[str], console, json_path: Path | None = None) -> dict:
     cfg = load_ablate_config(overrides)
     arms, out, tasks = all_arms(cfg), Path(cfg.out), cfg.task_names()
     out.mkdir(parents=True, exist_ok=True)
-    results_path = out / "results.jsonl"
-    finished = read_jsonl(results_path)  # a line cut by a kill is dropped
-    if results_path.exists():  # drop a line cut by a kill before appending again
-        results_path.write_text("".join(json.dumps(r) + "\n" for r in finished))
-    done = {(r["task"], r["arm"], r["seed"]): r for r in finished}
+    results_path = results_file(out, cfg.shard)
+    done = {(r["task"], r["arm"], r["seed"]): r for r in read_results(out, results_path)}
+    everything = [(t, s, a) for t in tasks for s in cfg.seeds for a in arms]
     with session(cfg.threads):
         for task in tasks:
             warm = out / f"warm_{task}" / "init_model"
             if cfg.recipe is None and not (warm / "config.json").exists():  # a resumed ablation keeps its warm start
                 warm = task_warm_start(cfg, task, out, console)
-            for seed in cfg.seeds:
-                for arm in (a for a in arms if (task, a, seed) not in done):
-                    done[(task, arm, seed)] = record = _run(cfg, task, arm, seed, warm, out, console)
-                    with results_path.open("a") as f:
-                        f.write(json.dumps(record) + "\n")
+            for _, seed, arm in my_runs(everything, cfg.shard):
+                if _ != task or (task, arm, seed) in done:
+                    continue
+                done[(task, arm, seed)] = record = _run(cfg, task, arm, seed, warm, out, console)
+                with results_path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+    done |= {(r["task"], r["arm"], r["seed"]): r for r in read_results(out, results_path)}  # the other shards'
     ledger = {"settings": cfg.model_dump(), "command": "rollwise bench ablate " + " ".join(
         f"--set {o}" for o in overrides), "tasks": {}}
     for task in tasks:

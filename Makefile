@@ -116,12 +116,14 @@ $(SMOLLM2_SFT)/done: recipes/smollm2_tools.yaml | $(STAMP)
 	mkdir -p runs
 	OMP_NUM_THREADS=1 $(BIN)/rollwise sft recipes/smollm2_tools.yaml --out $(SMOLLM2_SFT) > runs/smollm2_tools_sft.log 2>&1
 	touch $@
+# resumable like smollm2-tools: a finished run (summary.json) is kept, a killed one resumes from its checkpoint
 smollm2-harness: $(SMOLLM2_SFT)/done
 	for s in $(SEEDS); do \
-		OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/smollm2_tools_harness.yaml --overwrite --set seed=$$s \
-			--set model.path=$(SMOLLM2_SFT) --set name=smollm2_tools_harness-s$$s > runs/smollm2_tools_harness-s$$s.log 2>&1; \
-		OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/smollm2_tools.yaml --overwrite --set seed=$$s \
-			--set model.path=$(SMOLLM2_SFT) --set sft.steps=0 --set name=smollm2_tools-inproc-s$$s \
-			> runs/smollm2_tools-inproc-s$$s.log 2>&1; done
+		for arm in smollm2_tools_harness:smollm2_tools_harness smollm2_tools:smollm2_tools-inproc; do \
+			r=$${arm%%:*}; d=runs/$${arm#*:}-s$$s; \
+			if [ -f $$d/summary.json ]; then continue; fi; \
+			if ls -d $$d/checkpoints/step_* >/dev/null 2>&1; then how=--resume; else how=--overwrite; fi; \
+			OMP_NUM_THREADS=1 $(BIN)/rollwise train recipes/$$r.yaml $$how --set seed=$$s --set model.path=$(SMOLLM2_SFT) \
+				--set sft.steps=0 --set name=$${arm#*:}-s$$s >> $$d.log 2>&1 || exit 1; done; done
 	$(BIN)/python scripts/seeds_table.py --arm harness $(foreach s,$(SEEDS),runs/smollm2_tools_harness-s$(s)) \
 		--arm in_process $(foreach s,$(SEEDS),runs/smollm2_tools-inproc-s$(s)) --json docs/data/smollm2_tools_harness.json

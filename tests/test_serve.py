@@ -507,8 +507,9 @@ def stalled_after_4_steps(s, aborted: int):
     s.engine.stall_at = s.engine.stats.steps + 4
     try:
         yield
+        # a liveness bound, not a timing: it took over 30 s once at load average 7 (session 15's suite)
         wait_for(lambda: s.engine.stats.aborted > aborted or any(job.cancelled for job in s.service.driver._jobs),
-                 "the server to see the disconnect")
+                 "the server to see the disconnect", bound=180.0)
     finally:
         s.engine.stall_at = None
         s.engine.release.set()

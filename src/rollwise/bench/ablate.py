@@ -8,7 +8,7 @@ staleness 1, ``replay`` = rollout replay) against the baseline in that regime
 (``baseline@<regime>``); ``regime:<regime>`` is the regime itself (the baseline there) against the
 baseline (e.g. ``regime:async1``: what going async costs). Arms join with ``+`` into one arm
 (``objective:dapo+control:vade``); ``set:<key>=<value>`` joins any other config line, for an arm at a
-setting its paper recommends (``control:xrpo_alloc+set:control.xrpo.lam=0.1``). Default arms (``default_arms()``): every method id implemented, plus,
+setting its paper recommends (``control:xrpo_alloc+set:control.xrpo_alloc.bonus=0.1``). Default arms (``default_arms()``): every method id implemented, plus,
 in each of ``regimes``, every objective preset that differs from GRPO only in fields that act
 through the importance ratio (``ratio_presets()``: at one optimizer pass, on fresh samples, the
 ratio is 1 and those fields do nothing). The ``noise_floor`` arm is the baseline again with other
@@ -151,7 +151,7 @@ def load_ablate_config(overrides: list[str]) -> AblateBenchConfig:
         for part in body.split("+"):
             stage, _, name = part.partition(":")
             if stage == "set" and "=" not in name:
-                raise ConfigError(f"arms: {arm!r}: {part!r} is not set:key=value (e.g. set:control.xrpo.lam=0.1)")
+                raise ConfigError(f"arms: {arm!r}: {part!r} is not set:key=value (e.g. set:control.xrpo_alloc.bonus=0.1)")
             if (stage not in (*STAGE_KEYS, "regime", "set") or not name) and body != BASELINE:
                 raise ConfigError(f"arms: {arm!r} is not stage:id; stages are {', '.join(STAGE_KEYS)}, regime "
                                   "(e.g. objective:dapo, control:vade, objective:cispo@epochs2, regime:async1, "
@@ -253,8 +253,8 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
             warm = out / f"warm_{task}" / "init_model"
             if cfg.recipe is None and not (warm / "config.json").exists():  # a resumed ablation keeps its warm start
                 warm = task_warm_start(cfg, task, out, console)
-            for _, seed, arm in my_runs(everything, cfg.shard):
-                if _ != task or (task, arm, seed) in done:
+            for t, seed, arm in my_runs(everything, cfg.shard):
+                if t != task or (task, arm, seed) in done:
                     continue
                 done[(task, arm, seed)] = record = _run(cfg, task, arm, seed, warm, out, console)
                 with results_path.open("a") as f:

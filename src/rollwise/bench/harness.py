@@ -39,6 +39,7 @@ from rich.table import Table
 
 from rollwise.bench.stats import correct_string, departure_step, paired_effect
 from rollwise.config import StrictModel, apply_overrides, validate
+from rollwise.report.runs import read_jsonl
 
 NOISE_FLOOR = "noise_floor"  # the baseline again, sampling with sampling_seed = seed + NOISE_SEED_OFFSET
 NOISE_SEED_OFFSET = 1_000
@@ -268,12 +269,8 @@ def history(run_dir: Path, keep: tuple[str, ...] = ()) -> tuple[list[dict], list
     ``metrics.jsonl`` and ``evals.jsonl`` (which a resumed run continues): an eval's ``tokens`` are the
     generated tokens after its step, its ``wall`` the RL step seconds up to it."""
     prefixes = tuple(k for k in keep if k.endswith("/"))
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    correct = {}
-    for line in (run_dir / "evals.jsonl").read_text().splitlines():
-        if line.strip():
-            e = json.loads(line)
-            correct[e["step"]] = e["correct"]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    correct = {e["step"]: e["correct"] for e in read_jsonl(run_dir / "evals.jsonl")}
     evals, trace, steps, tokens, wall = [], [], [], 0, 0.0
     for row in rows:
         if "eval/accuracy" in row:

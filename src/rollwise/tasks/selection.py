@@ -78,7 +78,8 @@ def choose(rows: list[dict], k: int, shares: dict[str, float]) -> list[dict]:
     >>> [r["index"] for r in choose(rows, 8, {"never": 1, "mixed": 1, "always": 1})]
     [0, 3, 5]
     """
-    by = {b: [r for r in sorted(rows, key=lambda r: r["index"]) if bucket(r["correct"], k) == b] for b in BUCKETS}
+    ordered = sorted(rows, key=lambda r: r["index"])
+    by = {b: [r for r in ordered if bucket(r["correct"], k) == b] for b in BUCKETS}
     wanted = {b: s for b, s in shares.items() if s > 0}
     if not wanted:
         raise ConfigError("task.select: every share is 0; give never, mixed or always a positive share")

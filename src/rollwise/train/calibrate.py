@@ -24,6 +24,7 @@ from rollwise.engine.engine import Request
 from rollwise.filter.rewards import score_groups
 from rollwise.generate.group import to_rollout
 from rollwise.hardware import cpu_record
+from rollwise.report.runs import read_jsonl
 from rollwise.tasks.selection import split, task_fingerprint
 from rollwise.types import RolloutGroup
 
@@ -39,13 +40,14 @@ def header(cfg, prompts: int, k: int) -> dict:
 
 
 def _read_partial(path: Path, head: dict) -> list[dict]:
+    """The prompts a killed calibration finished (a line cut by the kill dropped), under its header."""
     if not path.exists():
         return []
-    lines = path.read_text().splitlines()
-    if not lines or json.loads(lines[0]) != head:
+    records = read_jsonl(path)
+    if not records or records[0] != head:
         raise ConfigError(f"rollwise calibrate: {path} holds a calibration with other settings; pass another --out "
                           "or remove it yourself")
-    return [json.loads(line) for line in lines[1:] if line.strip()]
+    return records[1:]
 
 
 def sample_counts(trainer, indices: list[int], k: int) -> list[dict]:

@@ -64,10 +64,11 @@ smollm2-ledger: $(STAMP)
 # (docs/data/ledger-smollm2-mixed.json). MIXED_ARMS='[]' runs only the pilot (baseline and noise floor).
 MIXED_SEEDS ?= [0,1,2]
 MIXED_TOKENS ?= 40000
+MIXED_EVAL_EVERY ?= 20
 MIXED_ARMS ?= [objective:dapo,objective:dapo+set:control.dynamic_sampling.max_rounds=8,control:vade,control:vade+set:control.vade.visit_decay=1.0,control:difficulty_select,control:difficulty_select+replay:rollout_replay,control:xrpo_alloc,control:xrpo_alloc+set:control.xrpo_alloc.bonus=0.1,control:gdro,control:gdro+set:control.gdro.mode=prompt]
 MIXED_OUT ?= runs/ablate-smollm2-mixed
 MIXED_SFT := runs/smollm2_mixed_sft
-MIXED_SETS = --set recipe=recipes/smollm2_mixed.yaml --set recipe_tokens=$(MIXED_TOKENS) --set eval_every=10 \
+MIXED_SETS = --set recipe=recipes/smollm2_mixed.yaml --set recipe_tokens=$(MIXED_TOKENS) --set eval_every=$(MIXED_EVAL_EVERY) \
 	--set checkpoint_every=5 --set out=$(MIXED_OUT) --set 'seeds=$(MIXED_SEEDS)' --set 'arms=$(MIXED_ARMS)'
 .PHONY: smollm2-mixed-ledger
 $(MIXED_SFT)/done: | $(STAMP)

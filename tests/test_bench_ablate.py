@@ -311,11 +311,16 @@ def test_bench_ablate_on_a_recipe(tmp_path):
 
 def test_shards_split_the_runs_and_share_one_ledger(tmp_path):
     """Two shards of one ablation run disjoint halves into their own files; a run without a shard then
-    finds every run done (trains nothing) and its ledger holds all of them, as one process would."""
+    finds every run done (trains nothing) and its ledger holds all of them, as one process would;
+    ``run=false`` between them writes the ledger of what is finished and trains nothing."""
     from rollwise.bench import ablate as ab
 
     sets = ["arms=[objective:dr_grpo]", "sft_steps=5", "noise_floor=false"]
     first, _ = ablate(tmp_path / "a", *sets, "shard=0/2")
+    ablate(tmp_path / "a", *sets, "run=false")  # shard 0 done, shard 1 "still running": an interim ledger
+    assert sorted(p.name for p in (tmp_path / "a" / "runs").iterdir()) == ["arith_baseline_0", "arith_baseline_1"]
+    interim = json.loads((tmp_path / "a" / "ledger.json").read_text())["tasks"]["arith"]
+    assert list(interim) == [BASELINE] and interim[BASELINE]["seeds"] == 2  # it trained nothing
     second, _ = ablate(tmp_path / "a", *sets, "shard=1/2")
     assert not (tmp_path / "a" / "results.jsonl").exists()
     shard0 = [json.loads(x) for x in (tmp_path / "a" / "results.0.jsonl").read_text().splitlines()]

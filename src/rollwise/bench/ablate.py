@@ -22,11 +22,13 @@ accuracy every ``eval_every`` steps and at the end; each run keeps its final eva
 per prompt, every eval's, and its per-step trace (tokens sampled, mean reward).
 
 Resumable: every finished run is appended to ``OUT/results.jsonl`` and the warm starts stay in
-``OUT/warm_<task>``; a killed ablation started again with the same ``out`` skips what is done
+``OUT/warm_<task>``; the eval of a start is computed once and kept in ``OUT/eval_cache``
+(``train.eval_cache``: every run from one start reads it); a killed ablation started again with the same ``out`` skips what is done
 (``checkpoint_every``: a killed run itself resumes from its last checkpoint). ``shard=i/n`` splits
 the runs over n processes sharing ``out`` (each appends to its own ``results.<i>.jsonl`` and reads
 every file; with the tiny tasks, let one make the warm starts first); a final run without a shard
-finds everything done and writes the ledger.
+finds everything done and writes the ledger; ``run=false`` writes the ledger of what is finished so
+far without training anything (an interim look while shards run).
 An arm whose config is refused (a ConfigError: a combination that makes no sense) is recorded
 as refused with the reason, not run.
 
@@ -135,6 +137,8 @@ class AblateBenchConfig(TaskBenchConfig):
                               "the ledger (each reads all results files); a last run without a shard writes it")
     checkpoint_every: int = Field(0, ge=0, description="checkpoint every run every N steps, and resume a killed run "
                                   "from its last checkpoint (0: a killed run starts again; for long runs)")
+    run: bool = Field(True, description="false: train nothing, write the ledger of the runs finished so far (an "
+                      "interim ledger while shards still run; an arm without runs has no row)")
 
     def budget(self, task: str) -> int:
         return self.recipe_tokens if self.recipe else super().budget(task)
@@ -251,6 +255,8 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
     with session(cfg.threads):
         for task in tasks:
             warm = out / f"warm_{task}" / "init_model"
+            if not cfg.run:
+                break
             if cfg.recipe is None and not (warm / "config.json").exists():  # a resumed ablation keeps its warm start
                 warm = task_warm_start(cfg, task, out, console)
             for t, seed, arm in my_runs(everything, cfg.shard):
@@ -283,7 +289,8 @@ def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out
         common = [*rl_sets(cfg, out / "runs", name, seed, warm, cfg.eval_every), *task_sets(cfg, task)]
     else:  # the recipe's model, task and settings
         common = run_sets(out / "runs", name, seed, cfg.eval_every)
-    sets = [*common, threads_set(), *lines, *seed_sets(split_arm(arm)[0], seed)]
+    sets = [*common, threads_set(), f"train.eval_cache={out / 'eval_cache'}",  # every run's start: evaluated once
+            *lines, *seed_sets(split_arm(arm)[0], seed)]
     try:
         run = train_run(sets, console, f"{task}: {arm}, seed {seed}", tokens=cfg.budget(task), recipe=cfg.recipe,
                         checkpoint_every=cfg.checkpoint_every)

@@ -161,6 +161,10 @@ class TrainConfig(StrictModel):
     eval_every: int = Field(25, ge=0, description="evaluate every N steps (0 = only at start and end)")
     eval_size: int | None = Field(None, ge=1, description="cap on eval prompts (null = the task's whole eval split)")
     eval_samples: int = Field(4, ge=0, description="sampled completions per eval prompt for pass@k (0 = greedy only)")
+    eval_cache: str | None = Field(
+        None, description="a directory keeping the eval of the starting weights: a run with the same weights, eval "
+        "prompts, judge, eval settings and machine reads it instead of computing it (a ledger's runs share one "
+        "start; rollwise.eval.cache); null = always computed")
     checkpoint_every: int = Field(50, ge=0, description="checkpoint every N steps (0 = only at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="how many recent checkpoints to keep")
     log_samples: int = Field(4, ge=0, description="rollouts written to samples.jsonl per eval")

@@ -359,10 +359,36 @@ class Trainer:
             episodes=self.generator if self.episodic else None,
         )
 
+    def start_eval(self) -> EvalResult:
+        """The eval of the starting weights: from ``train.eval_cache`` when another run computed it (same
+        weights, prompts, judge, settings and machine: ``rollwise.eval.cache``), else computed (and kept there)."""
+        directory = self.cfg.train.eval_cache
+        if directory is None or self.episodic:
+            return self.evaluate()
+        from rollwise.eval import cache
+        from rollwise.hardware import cpu_record
+
+        tc, ro = self.cfg.train, self.cfg.rollout
+        sampled = {"samples": tc.eval_samples, "temperature": ro.temperature, "seed": self.cfg.seed} \
+            if tc.eval_samples else {}
+        key = cache.eval_key(cache.weights_digest(self.model), {
+            "engine": [type(self.engine).__name__, str(self.engine.dtype), ro.model_dump(mode="json"),
+                       torch.get_num_threads()],
+            "prompts": [[p.id, p.token_ids, p.answer] for p in self.eval_prompts],
+            "judge": [self.cfg.task.model_dump(mode="json"), self.cfg.rewards and [r.model_dump(mode="json")
+                                                                                   for r in self.cfg.rewards],
+                      self.cfg.sandbox.model_dump(mode="json")],
+            "generation": [list(self.stop_ids), tc.log_samples, sampled], "machine": cpu_record()})
+        result = cache.load(directory, key)
+        if result is None:
+            result = self.evaluate()
+            cache.store(directory, key, result)
+        return result
+
     def record_eval(self) -> EvalResult | None:
         if not self.eval_prompts:  # no eval split: training goes on, summary.json says there was no eval
             return None
-        result = self.evaluate()
+        result = self.start_eval() if self.state.step == 0 else self.evaluate()
         if self.state.initial_accuracy is None:
             self.state.initial_accuracy = result.accuracy
         self.state.last_accuracy = result.accuracy

@@ -1,0 +1,5 @@
+"""``python -m rollwise.cli``: the ``rollwise`` command."""
+
+from rollwise.cli import app
+
+app()

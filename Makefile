@@ -61,8 +61,9 @@ smollm2-ledger: $(STAMP)
 # issue 37: the thesis test on SmolLM2 — recipes/smollm2_mixed.yaml (a difficulty spread chosen by the starting model's
 # pass@8) from its SFT warm start (built once), every arm to MIXED_TOKENS generated tokens, two runs at a time (shards
 # of one out, one torch thread each, checkpointed every 5 steps: a killed run resumes), then the ledger
-# (docs/data/ledger-smollm2-mixed.json). MIXED_ARMS='[]' runs only the pilot (baseline and noise floor).
-MIXED_SEEDS ?= [0,1,2]
+# (docs/data/ledger-smollm2-mixed.json). 5 seeds: the pilot's power calculation (docs/ledger.md) — MIXED_ARMS='[]'
+# MIXED_SEEDS='[0,1,2]' was the pilot (baseline and noise floor), its runs are the ledger's own.
+MIXED_SEEDS ?= [0,1,2,3,4]
 MIXED_TOKENS ?= 40000
 MIXED_EVAL_EVERY ?= 20
 MIXED_ARMS ?= [objective:dapo,objective:dapo+set:control.dynamic_sampling.max_rounds=8,control:vade,control:vade+set:control.vade.visit_decay=1.0,control:difficulty_select,control:difficulty_select+replay:rollout_replay,control:xrpo_alloc,control:xrpo_alloc+set:control.xrpo_alloc.bonus=0.1,control:gdro,control:gdro+set:control.gdro.mode=prompt]

@@ -162,7 +162,19 @@ def test_noise_floor_and_regimes():
     assert "#### arith, off-policy regime `epochs2`" in md
     assert md.index("objective:cispo@epochs2") > md.index("off-policy regime")
     dapo = next(x for x in md.splitlines() if x.startswith("| objective:dapo |"))
-    assert "| +16.0 [+4.9, +27.1] | 0.016 | 5×100 | 2 | 0.50× (5/5) [0.50, 0.50] |" in dapo and dapo.endswith("| better |")
+    assert "| +16.0 [+4.9, +27.1] | 0.016 (Holm 0.048) | 5×100 | 2 | 0.50× (5/5) [0.50, 0.50] |" in dapo and dapo.endswith("| better |")
+
+
+def test_holm_over_each_regimes_method_arms():
+    """The family is a regime's method arms: dapo, ppo_clip (≡ cispo, one row) and sapo, three p's —
+    dapo's 0.0161 is the smallest (x3), sapo's 0.1296 next (x2), ppo_clip's 0.704 (x1); the
+    baseline, the noise floor and a refused arm are not in it; epochs2's one arm keeps its p."""
+    table = summarize(*ledger_runs())
+    assert table["objective:dapo"]["p_holm"] == pytest.approx(3 * 0.0161301, abs=1e-6)
+    assert table["objective:sapo"]["p_holm"] == pytest.approx(2 * table["objective:sapo"]["p"], abs=1e-9)
+    assert table["objective:ppo_clip"]["p_holm"] == pytest.approx(table["objective:ppo_clip"]["p"], abs=1e-9)
+    assert table["objective:cispo@epochs2"]["p_holm"] == pytest.approx(table["objective:cispo@epochs2"]["p"])
+    assert all("p_holm" not in table[a] for a in (BASELINE, NOISE_FLOOR, "strategy:april", "baseline@epochs2"))
 
 
 def test_arms_and_their_lines():

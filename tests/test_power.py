@@ -67,6 +67,13 @@ def test_bench_power_reads_a_ledgers_noise_floor(tmp_path):
     plan = data["plans"][0]
     assert plan["power"]["3"] < plan["power"]["5"] and plan["seeds_needed"] == seeds_needed(
         0.05, data["pilot"]["sd_seed"], 0.4, 200)
+    family = tmp_path / "family.json"  # ten arms read family-wise: the power at α / 10, fewer verdicts
+    result = CliRunner().invoke(app, ["bench", "power", "--set", f"ledger={ledger}", "--set", "task=arith",
+                                      "--set", "prompts=[200]", "--set", "seeds=[3,5]", "--set", "family=10",
+                                      "--json", str(family)])
+    assert result.exit_code == 0 and "α = 0.005" in result.output, result.output
+    strict = json.loads(family.read_text())["plans"][0]
+    assert strict["power"]["5"] < plan["power"]["5"] and strict["seeds_needed"] > plan["seeds_needed"]
     for args, field in (([f"ledger={ledger}"], "'task'"), ([f"ledger={ledger}", "task=countdown"], "'pilot'"),
                         ([f"ledger={tmp_path / 'none.json'}"], "'ledger'")):
         result = CliRunner().invoke(app, ["bench", "power", *[a for x in args for a in ("--set", x)]])

@@ -22,6 +22,7 @@ from rollwise.bench import stats
 from rollwise.bench.stats import (
     NO_DIFFERENCE,
     departure_step,
+    holm,
     identical_groups,
     paired_effect,
     seed_test,
@@ -147,6 +148,16 @@ def test_a_test_counting_prompts_as_independent_fails_the_noise_floor():
     d = (arm - base).reshape(200, -1).astype(float)
     z = d.mean(axis=1) / (d.std(axis=1, ddof=1) / math.sqrt(d.shape[1]))
     assert np.mean(np.abs(z) > 1.96) > 0.2 and rate(effects(arm, base)) <= 0.1
+
+
+def test_holm_keeps_a_ten_arm_table_to_its_stated_family_wise_rate():
+    """300 null tables of 10 arms (5 seeds x 200 prompts each): read one by one at 0.05, about
+    1 - 0.95^10 = 40% of tables show a chance verdict; by Holm-adjusted p, about 5%."""
+    tables = [effects(*simulate(np.random.default_rng(10 + arm), 300, 5, 200)) for arm in range(10)]
+    p = np.array([[e.p for e in arm] for arm in tables]).T  # [table, arm]
+    per_arm = np.mean((p < 0.05).any(axis=1))
+    family = np.mean([min(holm(list(row))) < 0.05 for row in p])
+    assert per_arm > 0.25 and family <= 0.09
 
 
 @settings(max_examples=8)

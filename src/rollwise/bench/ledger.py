@@ -21,7 +21,8 @@ RULE = ("Δ: the arm's greedy accuracy minus its baseline's, in points, paired b
         "reached it (reached/seeds) [95% t interval over those seeds]. Ids joined by ≡: runs identical on every seed, one "
         "computation at these settings, reported once. The noise floor is the baseline again with other "
         "sampling seeds: it reads \"no detectable difference\" in 95% of ledgers; when it does not, distrust "
-        "the verdicts.")
+        "the verdicts. p (Holm): the arm's p adjusted over the table's method arms (Holm 1979): below 0.05, the "
+        "verdict holds family-wise; a \"better\" whose Holm p is not may be the table's chance win.")
 COLUMNS = ("arm", "config line", "accuracy", "Δ vs baseline [95% CI]", "p", "n", "departs at step",
            "tokens to baseline's final", "wall s", "verdict")
 
@@ -42,6 +43,10 @@ def delta(row: dict) -> str:
     return f"{row['difference'] * 100:+.1f} [{lo * 100:+.1f}, {hi * 100:+.1f}]"
 
 
+def _p(p: float) -> str:
+    return f"{p:.3f}" if p >= 0.001 else "<0.001"
+
+
 def cells(arm: str, row: dict) -> list[str]:
     ids = " ≡ ".join(row.get("ids", [arm]))
     line = ", ".join(f"`{x}`" for x in row["lines"]) or "—"
@@ -51,7 +56,9 @@ def cells(arm: str, row: dict) -> list[str]:
     if row.get("tokens_ratio_ci95"):
         lo, hi = row["tokens_ratio_ci95"]
         ratio += f" [{lo:.2f}, {hi:.2f}]"
-    p = "—" if row.get("p") is None else (f"{row['p']:.3f}" if row["p"] >= 0.001 else "<0.001")
+    p = "—" if row.get("p") is None else _p(row["p"])
+    if row.get("p_holm") is not None:
+        p += f" (Holm {_p(row['p_holm'])})"
     n = "—" if not row.get("pairs") else f"{row['seeds']}×{row['pairs'] // row['seeds']}"
     baseline = row.get("verdict") == "baseline"
     departs = "—" if baseline and len(row.get("ids", [])) < 2 else (

@@ -61,10 +61,10 @@ def power(delta: float, sd_seed: float, sd_prompt: float, seeds: int, prompts: i
 
 
 def seeds_needed(delta: float, sd_seed: float, sd_prompt: float, prompts: int, target: float = 0.8,
-                 max_seeds: int = 200) -> int | None:
+                 max_seeds: int = 200, level: float = LEVEL) -> int | None:
     """The fewest seeds whose power for ``delta`` reaches ``target`` (None: not within ``max_seeds``)."""
     for seeds in range(2, max_seeds + 1):
-        if power(delta, sd_seed, sd_prompt, seeds, prompts) >= target:
+        if power(delta, sd_seed, sd_prompt, seeds, prompts, level=level) >= target:
             return seeds
     return None
 
@@ -81,6 +81,8 @@ class PowerBenchConfig(StrictModel):
     target: float = Field(0.8, gt=0, lt=1, description="the power wanted")
     prompts: list[int] = Field([200, 1000, 5000], min_length=1, description="eval prompts per seed to plan for")
     seeds: list[int] = Field([3, 5, 10, 20], min_length=1, description="seed counts whose power is shown")
+    family: int = Field(1, ge=1, description="method arms read together: the power at α / family, Holm's first "
+                        "step (a lone real effect among null arms), where a ledger claims wins family-wise")
 
 
 def pilot_components(ledger: dict, task: str | None, pilot: str) -> tuple[float, float, int, list[float]]:
@@ -114,14 +116,17 @@ def run_power_bench(overrides: list[str], console) -> dict:
     except (OSError, ValueError) as err:
         raise ConfigError(f"config field 'ledger': cannot read {cfg.ledger} ({err})") from None
     sd_seed, sd_prompt, pilot_prompts, diffs = pilot_components(ledger, cfg.task, cfg.pilot)
+    alpha = (1 - LEVEL) / cfg.family
     rows = []
     for m in cfg.prompts:
-        rows.append({"prompts": m, "power": {str(s): power(cfg.delta, sd_seed, sd_prompt, s, m) for s in cfg.seeds},
-                     "seeds_needed": seeds_needed(cfg.delta, sd_seed, sd_prompt, m, cfg.target)})
+        rows.append({"prompts": m, "power": {str(s): power(cfg.delta, sd_seed, sd_prompt, s, m, level=1 - alpha)
+                                             for s in cfg.seeds},
+                     "seeds_needed": seeds_needed(cfg.delta, sd_seed, sd_prompt, m, cfg.target, level=1 - alpha)})
     console.print(f"pilot {cfg.pilot}: per-seed differences {', '.join(f'{100 * d:+.1f}' for d in diffs)} points on "
                   f"{pilot_prompts} prompts → training noise sd {100 * sd_seed:.1f} points, per-prompt sd "
                   f"{sd_prompt:.3f} (estimated from {len(diffs)} seeds: itself uncertain)")
-    console.print(table(f"power to detect {100 * cfg.delta:.0f} points (α = .05, the paired rule)",
+    family = "" if cfg.family == 1 else f" over {cfg.family} arms: Holm's first step"
+    console.print(table(f"power to detect {100 * cfg.delta:.0f} points (α = {alpha:.3g}{family}, the paired rule)",
                         ("eval prompts", *(f"{s} seeds" for s in cfg.seeds), f"seeds for {cfg.target:.0%}"),
                         [[str(r["prompts"]), *(f"{r['power'][str(s)]:.0%}" for s in cfg.seeds),
                           str(r["seeds_needed"] or "> 200")] for r in rows]))

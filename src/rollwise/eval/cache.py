@@ -40,6 +40,21 @@ def eval_key(weights: str, parts: dict) -> str:
     return hashlib.sha256(json.dumps({"weights": weights, **parts}, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def start_key(model: torch.nn.Module, engine, cfg, eval_prompts, stop_ids) -> str:
+    """The key of a run's start eval: the weights as the engine holds them, the engine, the eval
+    prompts, the judge (task, rewards, sandbox), the generation settings and the machine."""
+    from rollwise.hardware import cpu_record
+
+    tc, ro = cfg.train, cfg.rollout
+    sampled = {"samples": tc.eval_samples, "temperature": ro.temperature, "seed": cfg.seed} if tc.eval_samples else {}
+    return eval_key(weights_digest(model), {
+        "engine": [type(engine).__name__, str(engine.dtype), ro.model_dump(mode="json"), torch.get_num_threads()],
+        "prompts": [[p.id, p.token_ids, p.answer] for p in eval_prompts],
+        "judge": [cfg.task.model_dump(mode="json"), cfg.rewards and [r.model_dump(mode="json") for r in cfg.rewards],
+                  cfg.sandbox.model_dump(mode="json")],
+        "generation": [list(stop_ids), tc.log_samples, sampled], "machine": cpu_record()})
+
+
 def load(directory: str | Path, key: str) -> EvalResult | None:
     """The cached eval with ``key``, or None (absent or unreadable: computed again)."""
     path = Path(directory) / f"{key}.json"

@@ -366,19 +366,8 @@ class Trainer:
         if directory is None or self.episodic:
             return self.evaluate()
         from rollwise.eval import cache
-        from rollwise.hardware import cpu_record
 
-        tc, ro = self.cfg.train, self.cfg.rollout
-        sampled = {"samples": tc.eval_samples, "temperature": ro.temperature, "seed": self.cfg.seed} \
-            if tc.eval_samples else {}
-        key = cache.eval_key(cache.weights_digest(self.model), {
-            "engine": [type(self.engine).__name__, str(self.engine.dtype), ro.model_dump(mode="json"),
-                       torch.get_num_threads()],
-            "prompts": [[p.id, p.token_ids, p.answer] for p in self.eval_prompts],
-            "judge": [self.cfg.task.model_dump(mode="json"), self.cfg.rewards and [r.model_dump(mode="json")
-                                                                                   for r in self.cfg.rewards],
-                      self.cfg.sandbox.model_dump(mode="json")],
-            "generation": [list(self.stop_ids), tc.log_samples, sampled], "machine": cpu_record()})
+        key = cache.start_key(self.model, self.engine, self.cfg, self.eval_prompts, self.stop_ids)
         result = cache.load(directory, key)
         if result is None:
             result = self.evaluate()

@@ -89,6 +89,43 @@ def test_cache_keyed_by_prompt_completion_and_rubric():
     assert len(backend.batches) == 3
 
 
+def test_the_cache_and_the_token_total_survive_a_checkpoint():
+    """What a checkpoint keeps (state_of) given to a new judge (load_state): a repeat is a cache hit,
+    not a request, and tokens_total goes on from the saved count; a judge in a POW3R rubric is
+    reached through it."""
+    import torch
+
+    from rollwise.filter.pow3r import Pow3r, Pow3rConfig
+    from rollwise.filter.rewards import load_state, state_of
+
+    backend = Scripted(by_answer)
+    judge = Judge(SCRIPTED, backend=backend)
+    first = score_groups([_group("a", "2+2=", "4", "5")], [RewardFn("judge", judge)])
+    saved = torch.load(_roundtrip(state_of(judge)), weights_only=False)
+    fresh = Judge(SCRIPTED, backend=backend)
+    load_state(fresh, saved)
+    again = score_groups([_group("a", "2+2=", "4", "5")], [RewardFn("judge", fresh)])
+    assert len(backend.batches) == 1 and again["judge/cache_hits"] == 2.0 and again["judge/requests"] == 0.0
+    assert again["judge/tokens_total"] == first["judge/tokens_total"] > 0
+    rubric = Pow3r(Pow3rConfig(criteria=[{"name": "arith"}, {"name": "judge", "judge": SCRIPTED.model_dump()}]), [("arith", len), ("judge", judge)])
+    rubric.weights = [0.7, 0.3]
+    inner = Judge(SCRIPTED, backend=backend)
+    other = Pow3r(rubric.cfg, [("arith", len), ("judge", inner)])
+    load_state(other, state_of(rubric))
+    assert other.weights == [0.7, 0.3] and list(inner.cache) == list(judge.cache)
+
+
+def _roundtrip(state):
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
+
+
 def test_the_template_reads_dataset_columns_and_names_a_missing_one():
     backend = Scripted(lambda t: "Score: 10" if "reference: 4" in t else "Score: 0")
     cfg = SCRIPTED.model_copy(update={"template": "{prompt} {completion} reference: {answer}. Score: N?"})

@@ -40,6 +40,9 @@ def config(tmp_path, warm, name, *extra):
     ["control.method=dynamic_sampling"],  # refills move the data cursor
     ["control.method=arrol", "control.arrol.min_examples=16"],  # the probe's buffer and weights
     ["rollout.environment=calculator", "rollout.max_turns=2"],  # episodes: done within their step
+    ["rewards=[{name: pow3r}]"],  # the criteria's smoothed weights (rewards.pt)
+    ["rewards=[{name: weaver, weaver: {window: 64}}]"],  # the fit's window, full by the checkpoint
+    ["objective.method=dph_rl", "objective.dph_pool=3"],  # the initial policy's samples (dph_pool.pt)
 ])
 def test_resume_leaves_the_files_of_the_uninterrupted_run(tmp_path, warm, extra):
     sets = ["train.steps=8", "train.eval_every=4", "train.checkpoint_every=3", *extra]

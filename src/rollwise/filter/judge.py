@@ -15,8 +15,8 @@ OpenAI-compatible server; ``rollwise.filter.judge_backends``). What is guarantee
   answers a repeat without a request (``cache_size`` entries, least recently used dropped;
   failed requests are not cached);
 - the judge's tokens are the run's cost too: ``judge/tokens`` (prompt + completion tokens of
-  the requests sent this step), ``judge/tokens_total`` (all of them so far in this process:
-  a resumed run starts it again), ``judge/requests``, ``judge/cache_hits``, ``judge/unscored``.
+  the requests sent this step), ``judge/tokens_total`` (all of them so far in the run;
+  the checkpoint keeps it and the cache), ``judge/requests``, ``judge/cache_hits``, ``judge/unscored``.
 
 A judge is as good as its model. The local demo judge, SmolLM2-135M-Instruct, is weak: it
 follows the format sometimes and grades close to noise (docs/tasks.md); a tiny preset answers
@@ -129,6 +129,14 @@ class Judge:
         self.counts = dict.fromkeys(("tokens", "prompt_tokens", "completion_tokens", "requests", "cache_hits",
                                      "unscored"), 0)
         self.total_tokens = 0
+
+    def state_dict(self) -> dict:
+        """The verdict cache (in its least-recently-used order) and the tokens spent, for the checkpoint."""
+        return {"cache": list(self.cache.items()), "total_tokens": self.total_tokens}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cache = OrderedDict(state.get("cache", []))
+        self.total_tokens = state.get("total_tokens", 0)
 
     def render(self, prompt, completion, columns: dict) -> str:
         """One request text (a dataset column the template names but the data lacks: ConfigError)."""

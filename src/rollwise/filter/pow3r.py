@@ -23,8 +23,8 @@ with its ``judge:`` section (``rollwise.filter.judge``). ``rewards: [{name: pow3
 
 Where we depart: the paper's criteria are LLM-graded rubric items on open-ended tasks; the
 default testbed here is arith with two rule criteria (``arith``: the answer, ``arith_working``:
-the column working, ``rollwise.filter.fapo``). Criterion weights live in the reward object, not
-the checkpoint: a resumed run starts its EMA again. A controller's extra rounds are scored as
+the column working, ``rollwise.filter.fapo``). Criterion weights live in the reward object and
+the checkpoint keeps them (``rewards.pt``): a resumed run continues its EMA. A controller's extra rounds are scored as
 their own calls and move the EMA too. The paper's gains (fewer steps to a plateau on open-ended
 rubrics) need a model and a judge that grade real rubrics — a bigger model or a served judge.
 """
@@ -38,7 +38,7 @@ from pydantic import Field
 
 from rollwise.config import StrictModel
 from rollwise.filter.judge import JudgeByName, JudgeConfig
-from rollwise.filter.rewards import call_reward, finite, reward_inputs
+from rollwise.filter.rewards import call_reward, finite, load_state, reward_inputs, state_of
 from rollwise.types import RolloutGroup, Score
 
 
@@ -105,6 +105,15 @@ class Pow3r:
         self.fns = [fn for _, fn in criteria]
         self.weights: list[float] | None = None  # ŵ, smoothed; None until the first call
         self.verifier_name = self.names[0]  # the first criterion (the answer check) is the eval judge's
+
+    def state_dict(self) -> dict:
+        """The smoothed weights ŵ and the criteria's own state (a judge's cache), for the checkpoint."""
+        return {"weights": self.weights, "criteria": [state_of(fn) for fn in self.fns]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.weights = state.get("weights")
+        for fn, sub in zip(self.fns, state.get("criteria", [])):
+            load_state(fn, sub)
 
     def scores(self, groups: list[RolloutGroup]) -> tuple[list[list[float]], list, dict[str, float]]:
         """s_{i,c} per criterion (a criterion that raises or gives a non-finite value scores 0), the

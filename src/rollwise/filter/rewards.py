@@ -188,6 +188,19 @@ def _component(r: Rollout, name: str, v) -> float:
     return value
 
 
+def state_of(fn) -> dict | None:
+    """What a reward function carries from one scoring call to the next (POW3R's smoothed weights,
+    Weaver's window, a judge's cache), for the checkpoint; None when it carries nothing."""
+    get = getattr(fn, "state_dict", None)
+    return get() if callable(get) else None
+
+
+def load_state(fn, state: dict | None) -> None:
+    """Give ``fn`` back the state ``state_of`` took (nothing to give: nothing done)."""
+    if state is not None and callable(getattr(fn, "load_state_dict", None)):
+        fn.load_state_dict(state)
+
+
 def score_groups(groups: list[RolloutGroup], reward_fns: list[RewardFn]) -> dict[str, float]:
     """Set ``reward``, ``reward_components``, ``reward_reasons`` and ``extracted_answer`` on every rollout.
 

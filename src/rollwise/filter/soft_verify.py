@@ -27,7 +27,7 @@ from pydantic import Field
 
 from rollwise.config import StrictModel
 from rollwise.filter.judge import JudgeConfig
-from rollwise.filter.rewards import call_reward
+from rollwise.filter.rewards import call_reward, load_state, state_of
 
 TEST_COLUMNS = {"code_asserts": "tests", "code_io": "io_cases", "code_exit": "test"}
 
@@ -66,6 +66,13 @@ class TestThreshold:
     def __init__(self, cfg: TestThresholdConfig, tests_fn: Callable, judge: Callable | None = None):
         self.cfg, self.tests_fn, self.judge = cfg, tests_fn, judge
         self.soft_rows = 0
+
+    def state_dict(self) -> dict:
+        """The judge's state (its verdict cache), for the checkpoint."""
+        return {"judge": state_of(self.judge)}
+
+    def load_state_dict(self, state: dict) -> None:
+        load_state(self.judge, state.get("judge"))
 
     def __call__(self, prompts, completions, completion_ids=None, **columns) -> list:
         column = columns.get(TEST_COLUMNS[self.cfg.tests]) or [None] * len(completions)

@@ -17,7 +17,7 @@ The rule (METHODS.md's choices):
 - the reward is P(correct | votes) (``posterior``).
 
 The fit runs at every scoring call on a window of recent items (``window``, default 4096: the
-step's rollouts and those before them), so early steps fit on few items. A latent class model
+step's rollouts and those before them; the checkpoint keeps it), so early steps fit on few items. A latent class model
 needs 3+ verifiers to be identifiable; fewer is refused. A verifier is any reward by name or a
 judge (``name: judge`` with its rubric); None (not applicable) is a missing vote.
 
@@ -39,7 +39,7 @@ from pydantic import Field
 
 from rollwise.config import ConfigError, StrictModel
 from rollwise.filter.judge import JudgeByName, JudgeConfig
-from rollwise.filter.rewards import call_reward, finite
+from rollwise.filter.rewards import call_reward, finite, load_state, state_of
 from rollwise.types import Score
 
 EPS = 1e-4  # rates are kept in [EPS, 1 - EPS]: a perfect verifier would make the posterior 0/0
@@ -133,6 +133,15 @@ class Weaver:
         self.verifier_name = self.names[0]  # its first verifier is the eval judge's check
         self.history: deque = deque(maxlen=cfg.window)  # raw value rows of the latest items (NaN = no vote)
         self.metrics: dict[str, float] = {}
+
+    def state_dict(self) -> dict:
+        """The window of latest value rows the fit runs on and the verifiers' own state, for the checkpoint."""
+        return {"history": list(self.history), "verifiers": [state_of(fn) for fn in self.fns]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history = deque(state.get("history", []), maxlen=self.cfg.window)
+        for fn, sub in zip(self.fns, state.get("verifiers", [])):
+            load_state(fn, sub)
 
     def __call__(self, prompts, completions, completion_ids=None, **columns) -> list[Score]:
         raw, answers = self.values(prompts, completions, completion_ids, columns)

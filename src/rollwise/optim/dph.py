@@ -20,8 +20,7 @@ mean per-token NLL.
 
 Where we depart: forward KL only (the paper also studies JS and others); the pool is the first
 batch's rollouts rather than a separate pre-sampling pass, so its size is bounded by what version
-0 sampled (``dph/pool`` logs it); the pool lives in memory — a resumed run has none (``dph/pool`` 0: the term is
-off after a resume). The effect on diversity (pass@k) needs a bigger model and longer runs.
+0 sampled (``dph/pool`` logs it); the checkpoint keeps the pool (``dph_pool.pt``): a resumed run rehearses the same one. The effect on diversity (pass@k) needs a bigger model and longer runs.
 """
 
 from __future__ import annotations

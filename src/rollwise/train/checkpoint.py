@@ -16,6 +16,9 @@ A checkpoint directory ``checkpoints/step_000050/`` holds::
                         than ``none``)
     pipeline.pt         async: the batches generated ahead and not trained yet
     replay.pt           the replay method's buffer and counters (``replay.method`` other than ``none``)
+    rewards.pt          reward functions' state across steps, if any keeps one (POW3R's smoothed
+                        weights, Weaver's window, a judge's verdict cache)
+    dph_pool.pt         ``dph_rl``'s pool of the initial policy's samples
     reference.safetensors  a reference model moved during the run (ReMix's reincarnation)
 
 Resuming loads them all, so the run continues exactly as the uninterrupted one would.
@@ -35,6 +38,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from rollwise.filter.rewards import load_state, state_of
 from rollwise.model.lora import policy_state
 # reading a checkpoint's weights lives in model/ (a run directory is accepted wherever a model is); names kept here
 from rollwise.model.weights import latest_checkpoint, load_weights, tied_groups, weights_file  # noqa: F401
@@ -51,10 +55,22 @@ def save_run(trainer, queued: list | None) -> Path:
     if getattr(t, "value_probe", None) is not None:  # poise: the value probes and their buffers
         control = {**(control or {}), "value_probe": t.value_probe.state_dict()}
     generator = t.pool.generator_state() if t.pool is not None else t.generator.state_dict()  # workers: theirs
+    rewards = [state_of(f.fn) for f in reward_holders(t)]
+    extras = {"rewards": rewards if any(r is not None for r in rewards) else None,
+              "dph_pool": {"pool": t.dph_pool} if t.dph_pool else None}
     return save_checkpoint(t.run_dir, t.state.step, t.model, t.optimizer, t.scheduler, asdict(t.state),
                            cfg.train.keep_checkpoints, generator or None, control, queued,
                            t.replay.state_dict() if cfg.replay.method != "none" else None,
-                           t.ref_model if t.state.reference_moved_at is not None else None)
+                           t.ref_model if t.state.reference_moved_at is not None else None, extras)
+
+
+def reward_holders(trainer) -> list:
+    """The run's reward functions whose state a checkpoint keeps: the training rewards, and the eval
+    judge when it is none of them."""
+    fns = list(trainer.reward_fns)
+    if all(f.fn is not trainer.judge.fn for f in fns):
+        fns.append(trainer.judge)
+    return fns
 
 
 def restore_run(trainer, path: Path) -> None:
@@ -79,11 +95,16 @@ def restore_run(trainer, path: Path) -> None:
         t.value_probe.load_state_dict(control.get("value_probe", {}))
     t.queued = load_pipeline_state(path)
     t.replay.load_state_dict(load_replay_state(path))
+    for f, state in zip(reward_holders(t), load_extra(path, "rewards") or []):
+        load_state(f.fn, state)
+    t.dph_pool = (load_extra(path, "dph_pool") or {}).get("pool", [])
 
 
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state: dict, keep: int,
                     generator_state: dict | None = None, control_state: dict | None = None,
-                    queued: list | None = None, replay_state: dict | None = None, reference=None) -> Path:
+                    queued: list | None = None, replay_state: dict | None = None, reference=None,
+                    extras: dict[str, object] | None = None) -> Path:
+    """Write checkpoint ``step`` atomically; ``extras``: more state, ``NAME.pt`` per entry (None: no file)."""
     root = run_dir / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"  # written in full, then renamed: a kill never leaves half a checkpoint
@@ -105,6 +126,9 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state
         torch.save({"queued": queued}, tmp / "pipeline.pt")
     if replay_state is not None:  # the replay buffer's groups and the method's counters
         torch.save(replay_state, tmp / "replay.pt")
+    for name, extra in (extras or {}).items():
+        if extra is not None:
+            torch.save(extra, tmp / f"{name}.pt")
     if reference is not None:  # a reference model moved during the run (ReMix's reincarnation)
         weights, aliases = unique_weights(reference.state_dict())
         save_file(weights, str(tmp / "reference.safetensors"), metadata={"aliases": json.dumps(aliases)})
@@ -173,6 +197,12 @@ def load_replay_state(path: Path) -> dict:
     """The replay method's saved state (``replay.pt``), or {}."""
     file = path / "replay.pt"
     return torch.load(file, weights_only=False) if file.exists() else {}
+
+
+def load_extra(path: Path, name: str):
+    """A checkpoint's ``NAME.pt`` written from ``save_checkpoint``'s ``extras``, or None."""
+    file = path / f"{name}.pt"
+    return torch.load(file, weights_only=False) if file.exists() else None
 
 
 def load_control_state(path: Path) -> dict | None:

@@ -6,7 +6,16 @@ import random
 import pytest
 
 from rollwise.control.base import Controller, PromptCursor
-from rollwise.control.masa import Masa, MasaConfig, MetaReadout, keeps, meta_reward
+from rollwise.control.masa import (
+    Masa,
+    MasaConfig,
+    MetaReadout,
+    alignment_loss,
+    digit_rewards,
+    keeps,
+    meta_reward,
+)
+from rollwise.optim.auxiliary import AuxiliaryTerm
 from rollwise.control.stats import PromptStats
 from rollwise.generate.group import Partial
 from rollwise.types import Prompt, Rollout, RolloutGroup
@@ -94,6 +103,48 @@ def test_the_policy_reads_out_its_own_prediction(tiny):
     assert masa.forward_tokens() > 0 and masa.forward_tokens() == 0  # charged once
 
 
+def _judged(prompt, correct, length):
+    """A group of 4 rollouts of ``length`` tokens, ``correct`` of them right."""
+    rollouts = [Rollout(prompt.id, list(prompt.token_ids), [7] * length, [0.0] * length, [0] * length, "stop")
+                for _ in range(4)]
+    for i, r in enumerate(rollouts):
+        r.score = r.reward = float(i < correct)
+    return RolloutGroup(prompt, rollouts)
+
+
+def test_the_meta_rewards_of_each_digit_by_hand():
+    rate, length = digit_rewards(1.0, None, 10)
+    assert length is None and rate.tolist() == pytest.approx([0.05 + d / 10 for d in range(10)])  # 9 → .95 best
+    rate, length = digit_rewards(0.0, 45.0, 10)
+    assert int(rate.argmax()) == 0 and int(length.argmax()) == 4 and float(length[4]) == pytest.approx(1.0)
+    assert float(length[9]) == 0.0  # 95 tokens for 45: an error past L, clamped at 0
+
+
+def test_self_alignment_teaches_the_policy_its_pass_rates(tiny):
+    """Only the self-alignment term, Adam, 40 steps: the policy learns that it always solves 'a' and
+    never 'b' — its p̂ moves from near-equal to far apart, each toward its pass rate — and the
+    expected meta reward (minus the logged loss) rises. The term is MASA's self-alignment."""
+    import torch
+
+    torch.manual_seed(0)
+    model, tok = tiny
+    readout = MetaReadout(lambda: model, tok, length_unit=10)
+    a, b = (Prompt(i, t, token_ids=tok.encode(t)) for i, t in (("a", "1+2="), ("b", "7-3=")))
+    groups = [_judged(a, 4, 12), _judged(b, 0, 12)]
+    before = readout([a, b])[0]
+    base = torch.optim.Adam(model.parameters(), lr=3e-3)
+    opt = AuxiliaryTerm(base, lambda: alignment_loss(readout, model, groups), 1.0, "masa/align_loss")
+    for _ in range(40):
+        opt.zero_grad()
+        opt.step()
+    after = readout([a, b])[0]
+    assert abs(before[0] - before[1]) < 0.2
+    assert after[0] > before[0] + 0.2 and after[1] < before[1] - 0.2 and after[0] - after[1] > 0.5
+    losses = opt.values
+    assert losses[-1] < losses[0] - 0.2 and opt.metrics()["masa/align_loss"] == pytest.approx(sum(losses) / 40)
+    assert alignment_loss(readout, model, []) is None
+
+
 def test_a_run_with_masa(tmp_path):
     """Calibration forced on (calibrated=0): from the second step masa selects from 2n candidates."""
     from rollwise.bench.ablate import default_arms
@@ -108,6 +159,7 @@ def test_a_run_with_masa(tmp_path):
     trainer.prepare()
     first = trainer.step()
     assert trainer.state.cursor == 3 and "masa/meta_reward" in first  # uncalibrated: the next n prompts
+    assert -1.0 <= first["masa/align_loss"] < 0  # the update trained the predictions
     second = trainer.step()
     assert second["masa/calibrated"] == 1.0 and trainer.state.cursor == 3 + 6  # calibrated: 2n candidates read
     assert "control:masa" in default_arms()

@@ -17,16 +17,28 @@ controller hooks (``control/base.py``):
   least ``calibrated`` (with at least ``min_examples`` of them);
 - ``forward_tokens``: the meta forwards are charged to the step's token count.
 
+Self-alignment (``align_coef``, ``alignment_loss``): the update trains the predictions with the
+policy loss. A meta prediction is one digit d; its meta reward is 1 − |d/10 + .05 − p| against the
+group's pass rate p, and 1 − min(1, |unit·(d + .5) − L| / L) against the mean length L of its
+correct rollouts (when any was correct). The term ascends the expected meta reward Σ_d π(d)·r(d)
+of the policy's digit distribution π after each trained prompt's meta question, exactly over the
+ten digits: the gradient a GRPO estimate from sampled meta-generations would approximate, without
+its sampling noise (``masa/align_loss``: minus that mean expected reward). Its forwards are the
+update's, not generation: they are not charged to the token budget. The trainer adds the term
+to the update's optimizer (``optim/auxiliary.py``).
+
 The prediction (``MetaReadout``) is the policy's own: one forward over the prompt followed by a
 meta question (``P_QUESTION``, ``L_QUESTION``), read as the expectation of its next-token
 distribution over the digits 0–9 (p̂ = E[d]/10 + .05, L̂ = ``length_unit``·(E[d] + .5)).
 
-Where we depart from the paper: the meta-prediction is read from the policy's next-token
-distribution, not sampled as a meta-generation, and it is not trained — MASA's self-alignment
-reward (the meta reward as an RL signal on the meta-generations) is measured
-(``masa/meta_reward``) but not trained on; only the skip and cut-off halves act. On a model that
-cannot predict its pass rate the predictions never calibrate and masa is the baseline plus the
-meta forwards: its effect needs a bigger model/GPU (the paper trains Qwen3-8B-scale models).
+Where we depart from the paper: the meta-prediction is one digit per statistic read from the
+policy's next-token distribution (its expectation), not a sampled free-text meta-generation, and
+the self-alignment reward is ascended exactly in expectation rather than by GRPO on sampled
+meta-generations; the term's weight, ``align_coef`` .1 of the policy loss, is our choice (the
+paper mixes meta-generations into the GRPO batch). The length reward's form is ours. A model
+that cannot learn to predict its pass rate never calibrates and masa is then the baseline plus
+the meta forwards and the term: its effect needs a bigger model/GPU (the paper trains
+Qwen3-8B-scale models).
 """
 
 from __future__ import annotations
@@ -56,6 +68,9 @@ class MasaConfig(StrictModel):
     window: int = Field(64, ge=1, description="recent groups the calibration is measured over")
     min_examples: int = Field(16, ge=1, description="groups measured before the predictions can count as calibrated")
     length_unit: int = Field(10, ge=1, description="tokens per digit of the length prediction")
+    align_coef: float = Field(0.1, ge=0, description="weight of the self-alignment term, the expected meta reward "
+                              "of the policy's one-digit meta predictions, trained with the policy loss (0: the "
+                              "predictions are measured, not trained)")
 
 
 def meta_reward(p_hat: float, p: float) -> float:
@@ -76,16 +91,6 @@ def keeps(p_hat: float, low: float = 0.05, high: float = 0.95) -> bool:
     return low <= p_hat <= high
 
 
-def digit_expectation(logits: torch.Tensor, digit_ids: list[int]) -> torch.Tensor:
-    """E[d] [N] of the next-token distribution restricted to the digits 0–9 (``logits`` [N, V]).
-
-    >>> digit_expectation(torch.tensor([[0.0] * 10, [-50.0] * 9 + [50.0]]), list(range(10)))
-    tensor([4.5000, 9.0000])
-    """
-    probs = torch.softmax(logits[:, digit_ids].float(), -1)
-    return probs @ torch.arange(10, dtype=torch.float32)
-
-
 class MetaReadout:
     """The policy's (p̂, L̂) for prompts: one batched forward of ``policy()`` over each prompt's ids
     followed by ``P_QUESTION`` / ``L_QUESTION`` (right-padded), the digits' expectation read at the
@@ -102,11 +107,12 @@ class MetaReadout:
             self._ids = (enc(P_QUESTION), enc(L_QUESTION), [enc(str(d))[-1] for d in range(10)])
         return self._ids
 
-    @torch.no_grad()
-    def __call__(self, prompts: list[Prompt]) -> tuple[list[float], list[float]]:
+    def digit_probs(self, model: torch.nn.Module, prompts: list[Prompt]) -> torch.Tensor:
+        """π(d) [2N, 10] of ``model``'s next token after each prompt + ``P_QUESTION`` (rows :N) and
+        + ``L_QUESTION`` (rows N:), over the digits 0–9 (differentiable: the self-alignment term's)."""
         p_q, l_q, digits = self._question_ids()
         rows = [list(p.token_ids) + q for q in (p_q, l_q) for p in prompts]
-        width, model = max(map(len, rows)), self.policy()
+        width = max(map(len, rows))
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         ids = torch.full((len(rows), width), pad, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -115,10 +121,47 @@ class MetaReadout:
         device = next(model.parameters()).device
         logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # [2N, T, V]
         last = logits[torch.arange(len(rows)), mask.sum(1).to(device) - 1]  # [2N, V]
-        e = digit_expectation(last, digits).tolist()
         self.tokens += int(mask.sum())
+        return torch.softmax(last[:, digits].float(), -1)
+
+    @torch.no_grad()
+    def __call__(self, prompts: list[Prompt]) -> tuple[list[float], list[float]]:
+        e = (self.digit_probs(self.policy(), prompts) @ torch.arange(10, dtype=torch.float32)).tolist()
         n = len(prompts)
         return [d / 10 + 0.05 for d in e[:n]], [self.length_unit * (d + 0.5) for d in e[n:]]
+
+
+def digit_rewards(p: float, length: float | None, unit: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The meta reward of each digit answer [10]: 1 − |d/10 + .05 − p| for the pass rate; for the length
+    of a correct answer (None: no rollout was correct), 1 − min(1, |unit·(d + .5) − L| / L).
+
+    >>> [round(x, 2) for x in digit_rewards(0.25, 20.0, 10)[0][:4].tolist()]
+    [0.8, 0.9, 1.0, 0.9]
+    >>> [round(x, 2) for x in digit_rewards(0.25, 20.0, 10)[1][:4].tolist()]
+    [0.25, 0.75, 0.75, 0.25]
+    """
+    d = torch.arange(10, dtype=torch.float32)
+    rate = 1 - (d / 10 + 0.05 - p).abs()
+    return rate, None if length is None else 1 - ((unit * (d + 0.5) - length).abs() / length).clamp(max=1)
+
+
+def alignment_loss(readout: MetaReadout, model: torch.nn.Module, groups: list[RolloutGroup]) -> torch.Tensor | None:
+    """MASA's self-alignment, exactly in expectation: −(mean over the groups' meta predictions of
+    Σ_d π(d)·reward(d)), the pass-rate prediction against the group's pass rate and the length one
+    against its correct rollouts' mean length (when any was correct). None without a group."""
+    groups = [g for g in groups if g.rollouts]
+    if not groups:
+        return None
+    probs = readout.digit_probs(model, [g.prompt for g in groups])
+    n, terms = len(groups), []
+    for i, g in enumerate(groups):
+        correct = [len(r.completion_ids) for r in g.rollouts if r.correct]
+        rate, length = digit_rewards(g.pass_rate, sum(correct) / len(correct) if correct else None,
+                                     readout.length_unit)
+        terms.append(probs[i] @ rate.to(probs.device))
+        if length is not None:
+            terms.append(probs[n + i] @ length.to(probs.device))
+    return -torch.stack(terms).mean()
 
 
 class Masa(Controller):

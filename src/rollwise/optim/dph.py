@@ -30,6 +30,7 @@ import random
 import torch
 
 from rollwise.model.logprobs import token_logprobs_and_entropy
+from rollwise.optim.auxiliary import AuxiliaryTerm
 from rollwise.types import RolloutGroup
 
 
@@ -68,31 +69,13 @@ def rehearsal_nll(model, items: list[tuple[list[int], list[int]]], sampling: dic
     return -(lp * scored.to(device)).sum() / len(items)
 
 
-class Rehearsal:
+class Rehearsal(AuxiliaryTerm):
     """An optimizer whose ``zero_grad`` leaves the rehearsal term's gradient (coef · ``rehearsal_nll`` on
     ``items``) in place of zeros, so every pass's step includes it; the rest is the wrapped optimizer's."""
 
     def __init__(self, optimizer, model, items, coef: float, sampling: dict, pad_token_id: int) -> None:
-        self.optimizer, self.model, self.items, self.coef = optimizer, model, items, coef
-        self.sampling, self.pad_token_id = sampling, pad_token_id
-        self.nll: list[float] = []
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-        if self.items and self.coef > 0:
-            nll = rehearsal_nll(self.model, self.items, self.sampling, self.pad_token_id)
-            (self.coef * nll).backward()
-            self.nll.append(float(nll.detach()))
-
-    def step(self, *args, **kwargs):
-        return self.optimizer.step(*args, **kwargs)
-
-    def metrics(self) -> dict[str, float]:
-        return {"dph/rehearsal_nll": sum(self.nll) / len(self.nll)} if self.nll else {}
+        super().__init__(optimizer, lambda: rehearsal_nll(model, items, sampling, pad_token_id) if items else None,
+                         coef, "dph/rehearsal_nll")
 
 
 def draw(pool: list, k: int, seed: int) -> list:

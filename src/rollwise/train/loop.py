@@ -27,12 +27,13 @@ import torch
 from rollwise import seeds
 from rollwise.control import PromptCursor, PromptStats, build_controller
 from rollwise.control.difficulty import PolicyEmbedder
-from rollwise.control.masa import MetaReadout
+from rollwise.control.masa import MetaReadout, alignment_loss
 from rollwise.control.rounds import PromptPrefixes, accept_and_refill, extend_rounds
 from rollwise.engine import make_engine
 from rollwise.eval.accuracy import EvalResult, evaluate
 from rollwise.eval.support import track
 from rollwise.filter.registry import resolve_rewards
+from rollwise.optim.auxiliary import AuxiliaryTerm
 from rollwise.optim.dph import step_optimizer
 from rollwise.tasks.rewrites import build_rewriter
 from rollwise.optim.old_logits import record_old_logprobs
@@ -109,6 +110,7 @@ class Trainer:
         self.stats = PromptStats()  # per-prompt running statistics the controller reads
         embed = PolicyEmbedder(self.sampling_policy, self.tokenizer.pad_token_id)  # difficulty_select's
         meta = MetaReadout(self.sampling_policy, self.tokenizer, cfg.control.masa.length_unit)  # masa's p̂, L̂
+        self.meta_align = MetaReadout(None, self.tokenizer, cfg.control.masa.length_unit)  # and their training
         rewrite = build_rewriter(cfg.control.clpo, cfg.seed) if cfg.control.method == "clpo" else None
         self.set_controller(build_controller(cfg.control, r, cfg.seed, embed=embed, meta=meta, rewrite=rewrite))
         check_replay(cfg.replay, r, cfg.objective)
@@ -255,10 +257,15 @@ class Trainer:
         tensors = build_batch(groups, self.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
         optimizer = step_optimizer(self.dph_pool, batch.groups, self.optimizer, self.model, cfg.objective,
                                    self.step_seed(step), self.update_spec(step).sampling, self.tokenizer.pad_token_id)
-        with scaled_lr(self.optimizer, lr_scale):  # dph_rl: the optimizer adds the rehearsal term's gradient
+        if cfg.control.method == "masa" and cfg.control.masa.align_coef > 0:  # its predictions' self-alignment
+            optimizer = AuxiliaryTerm(optimizer, lambda: alignment_loss(self.meta_align, self.model, batch.groups),
+                                      cfg.control.masa.align_coef, "masa/align_loss")
+        with scaled_lr(self.optimizer, lr_scale):  # dph_rl, masa: the optimizer adds their terms' gradients
             metrics |= policy_update(self.model, optimizer, tensors, self.update_spec(step), self.ref_model)
         if optimizer is not self.optimizer:
-            metrics |= optimizer.metrics() | {"dph/pool": float(len(self.dph_pool))}
+            metrics |= optimizer.metrics()
+        if cfg.objective.dph_coef > 0:
+            metrics["dph/pool"] = float(len(self.dph_pool))
         self.state.skipped_updates += int(metrics["update/skipped_nonfinite"])  # a NaN/inf never reached the weights
         metrics["train/skipped_updates"] = float(self.state.skipped_updates)
         metrics["lr"] = self.scheduler.get_last_lr()[0]  # the LR this step trained with

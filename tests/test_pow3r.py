@@ -106,3 +106,7 @@ def test_pow3r_is_one_config_line_and_an_arm():
         resolve_rewards(countdown.rewards, countdown.task.build(0), warn=False)
     with pytest.raises(ConfigError, match="a judge needs its section"):
         load_run_config(None, ["rewards=[{name: pow3r, pow3r: {criteria: [{name: arith}, {name: judge}]}}]"])
+    for reward in ("pow3r", "weaver"):  # run-long state: scored on the driver, where the checkpoint keeps it
+        with pytest.raises(ConfigError, match="Set rollout.score_on: driver"):
+            load_run_config(None, [f"rewards=[{{name: {reward}}}]", "rollout.workers=2"])
+        load_run_config(None, [f"rewards=[{{name: {reward}}}]", "rollout.workers=2", "rollout.score_on=driver"])

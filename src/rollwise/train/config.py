@@ -250,6 +250,9 @@ class RewardConfig(StrictModel):
         return self
 
 
+RUN_STATE_REWARDS = ("pow3r", "weaver")  # state across scoring calls that the checkpoint keeps (rewards.pt)
+
+
 class RunConfig(StrictModel):
     name: str = Field("run", description="run directory name under output_dir")
     output_dir: str = Field("runs", description="where run directories go")
@@ -275,6 +278,15 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _label_free_reward(self):
         check_labels(self.task, self.rewards)  # task.labels: none needs majority_vote (tasks/labels.py)
+        return self
+
+    @model_validator(mode="after")
+    def _run_state_rewards_on_the_driver(self):
+        stateful = [r.name for r in self.rewards or [] if r.name in RUN_STATE_REWARDS]
+        if stateful and self.rollout.workers and self.rollout.score_on == "workers":
+            raise ValueError(f"rewards: {', '.join(stateful)} carry state over the whole run (POW3R's smoothed "
+                             "weights, Weaver's window); scored on rollout workers, each worker would keep its own "
+                             "over its shard and the checkpoint none. Set rollout.score_on: driver")
         return self
 
     @model_validator(mode="before")

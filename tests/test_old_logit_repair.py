@@ -110,3 +110,27 @@ def test_old_logit_repair_is_a_ledger_arm():
 
     assert {"objective:old_logit_repair", "objective:old_logit_repair@async1"} <= set(default_arms())
     assert arm_lines("objective:old_logit_repair") == ["objective.method=old_logit_repair"]
+
+
+def test_old_logits_are_recorded_in_the_updates_precision(tmp_path):
+    """With the update in bf16 (optim.compute_dtype, autocast), the recorded old log-probs are the bf16
+    forward's — the precision the update's own log-probs have, so the ratio at unchanged weights is 1 —
+    not an fp32 forward's, which would put the precision gap into every ratio."""
+    from rollwise.optim.update import compute
+    from rollwise.train.config import load_run_config
+    from rollwise.train.loop import Trainer
+
+    overrides = [f"output_dir={tmp_path}", "task.max_digits=1", "task.eval_size=4", "optim.compute_dtype=bfloat16",
+                 "objective.method=old_logit_repair", "rollout.prompts_per_step=2", "rollout.num_generations=2",
+                 "rollout.max_new_tokens=8", "train.eval_samples=0", "model.threads=1", "train.eval_every=0",
+                 "train.checkpoint_every=0"]
+    with Trainer(load_run_config(None, overrides)) as trainer:
+        trainer.prepare()
+        rollouts = [r for g in trainer.collect(0, 0, trainer.engine).groups for r in g.rollouts]
+        sampling, pad = trainer.update_spec(0).sampling, trainer.tokenizer.pad_token_id
+        with compute(trainer.model, torch.bfloat16):
+            bf16 = completion_logprobs(trainer.model, rollouts, sampling, pad)
+        fp32 = completion_logprobs(trainer.model, rollouts, sampling, pad)
+    recorded = [x for r in rollouts for x in r.old_logprobs]
+    assert recorded == pytest.approx([x for lp in bf16 for x in lp], abs=1e-6)
+    assert max(abs(a - b) for a, b in zip(recorded, (x for lp in fp32 for x in lp))) > 1e-3

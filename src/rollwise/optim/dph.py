@@ -26,6 +26,7 @@ batch's rollouts rather than a separate pre-sampling pass, so its size is bounde
 from __future__ import annotations
 
 import random
+from contextlib import nullcontext
 
 import torch
 
@@ -73,9 +74,10 @@ class Rehearsal(AuxiliaryTerm):
     """An optimizer whose ``zero_grad`` leaves the rehearsal term's gradient (coef · ``rehearsal_nll`` on
     ``items``) in place of zeros, so every pass's step includes it; the rest is the wrapped optimizer's."""
 
-    def __init__(self, optimizer, model, items, coef: float, sampling: dict, pad_token_id: int) -> None:
+    def __init__(self, optimizer, model, items, coef: float, sampling: dict, pad_token_id: int,
+                 context=nullcontext) -> None:
         super().__init__(optimizer, lambda: rehearsal_nll(model, items, sampling, pad_token_id) if items else None,
-                         coef, "dph/rehearsal_nll")
+                         coef, "dph/rehearsal_nll", context)
 
 
 def draw(pool: list, k: int, seed: int) -> list:
@@ -84,11 +86,11 @@ def draw(pool: list, k: int, seed: int) -> list:
 
 
 def step_optimizer(pool: list, groups: list[RolloutGroup], optimizer, model, objective, seed: int, sampling: dict,
-                   pad_token_id: int):
+                   pad_token_id: int, context=nullcontext):
     """This step's optimizer: ``optimizer`` itself without the term (``objective.dph_coef`` 0), else the pool
     extended by the step's version-0 rollouts and a ``Rehearsal`` over ``dph_batch`` items of it."""
     if objective.dph_coef <= 0:
         return optimizer
     extend_pool(pool, groups, objective.dph_pool)
     return Rehearsal(optimizer, model, draw(pool, objective.dph_batch, seed), objective.dph_coef, sampling,
-                     pad_token_id)
+                     pad_token_id, context)

@@ -18,6 +18,7 @@ what is built from the config in ``train/build.py``, and every seed in ``rollwis
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +47,7 @@ from rollwise.optim.batch import build_batch
 from rollwise.optim.entropy_steps import keep_high_entropy_steps
 from rollwise.optim.objective import assign_advantages
 from rollwise.optim.poise import build_value_baseline
-from rollwise.optim.update import UpdateSpec, policy_update
+from rollwise.optim.update import UpdateSpec, compute, policy_update
 from rollwise.replay import build_replay
 from rollwise.replay import check_composition as check_replay
 from rollwise.tasks.labels import with_labels
@@ -220,9 +221,11 @@ class Trainer:
             metrics |= extend_rounds(control, stats, groups, sampler, budget - sum(budgets))  # xrpo, dars
             groups, refill = accept_and_refill(control, stats, source, groups, sampler, len(prompts), group_size)
         control.observe_step(groups, stats)
-        if self.cfg.objective.old_logit_repair:  # right after sampling: the sampling version's own forward
-            metrics |= record_old_logprobs(groups, {engine.version: self.sampling_policy()},
-                                           self.update_spec(step).sampling, self.tokenizer.pad_token_id)
+        if self.cfg.objective.old_logit_repair:  # right after sampling: the sampling version's own forward,
+            policy = self.sampling_policy()         # in the update's precision (the ratio's other side)
+            with compute(policy, self.compute_dtype):
+                metrics |= record_old_logprobs(groups, {engine.version: policy}, self.update_spec(step).sampling,
+                                               self.tokenizer.pad_token_id)
         metrics |= prefixes.metrics() | refill | control.metrics() | clock.metrics()
         tokens = sampler.tokens + control.forward_tokens()  # a selector's own policy forwards count too
         return ScoredBatch(step, groups, metrics, tokens, source.cursor)
@@ -235,10 +238,12 @@ class Trainer:
         if self.value_probe is not None:  # poise: each baseline from the states of the group's other rollouts
             metrics |= self.value_probe.assign(batch.groups, self.model)
         lr_scale = 1.0
+        precision = functools.partial(compute, self.model, self.compute_dtype)  # the update's forwards' own
         if cfg.objective.vcpo:  # vcpo: b* per group from the sequence IS weights, this step's lr x ESS/N
-            lr_scale, vcpo_metrics = assign_vcpo(batch.groups, policy_log_ratios(
-                self.model, batch.groups, self.update_spec(step).sampling, self.tokenizer.pad_token_id),
-                cfg.objective.vcpo_clamp)
+            with precision():
+                ratios = policy_log_ratios(self.model, batch.groups, self.update_spec(step).sampling,
+                                           self.tokenizer.pad_token_id)
+            lr_scale, vcpo_metrics = assign_vcpo(batch.groups, ratios, cfg.objective.vcpo_clamp)
             metrics |= vcpo_metrics
         metrics |= assign_advantages(batch.groups, cfg.objective)  # within the groups as sampled
         outcome.count_step(self.state, batch.groups, metrics)  # reward failures, no reward spread: summary.json
@@ -256,10 +261,11 @@ class Trainer:
             metrics |= kept
         tensors = build_batch(groups, self.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
         optimizer = step_optimizer(self.dph_pool, batch.groups, self.optimizer, self.model, cfg.objective,
-                                   self.step_seed(step), self.update_spec(step).sampling, self.tokenizer.pad_token_id)
+                                   self.step_seed(step), self.update_spec(step).sampling, self.tokenizer.pad_token_id,
+                                   precision)
         if cfg.control.method == "masa" and cfg.control.masa.align_coef > 0:  # its predictions' self-alignment
             optimizer = AuxiliaryTerm(optimizer, lambda: alignment_loss(self.meta_align, self.model, batch.groups),
-                                      cfg.control.masa.align_coef, "masa/align_loss")
+                                      cfg.control.masa.align_coef, "masa/align_loss", precision)
         with scaled_lr(self.optimizer, lr_scale):  # dph_rl, masa: the optimizer adds their terms' gradients
             metrics |= policy_update(self.model, optimizer, tensors, self.update_spec(step), self.ref_model)
         if optimizer is not self.optimizer:

@@ -67,10 +67,12 @@ def load(directory: str | Path, key: str) -> EvalResult | None:
         return None
 
 
-def store(directory: str | Path, key: str, result: EvalResult) -> None:
-    """Keep ``result`` under ``key`` (written whole, then renamed: a killed run never leaves half a file)."""
+def store(directory: str | Path, key: str, result: EvalResult) -> EvalResult:
+    """Keep ``result`` under ``key`` and return it (written whole, then renamed: a killed run never
+    leaves half a file)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f".{key}.json.tmp"
     tmp.write_text(json.dumps(asdict(result)))
     tmp.replace(directory / f"{key}.json")
+    return result

@@ -1,6 +1,6 @@
 """What ``Trainer.__init__`` and ``Trainer.prepare`` build from the config besides the stages:
-the LR schedule, the update's forward, async's thread count, the reference model — and the
-combinations they refuse."""
+the LR schedule, the update's forward, async's thread count, the reference model, the step's
+optimizer with its extra terms — and the combinations they refuse."""
 
 from __future__ import annotations
 
@@ -93,6 +93,23 @@ def reference_model(cfg, model, init_dir: Path, device):
         return lora.AdapterDisabled(model)
     ref = type(model).from_pretrained(init_dir, dtype=model.dtype)
     return ref.to(device).eval()
+
+
+def update_optimizer(trainer, step: int, groups, precision):
+    """This step's optimizer: the trainer's AdamW, with the terms trained beside the policy loss
+    (``optim/auxiliary.py``) — ``dph_rl``'s rehearsal, ``masa``'s self-alignment — when they are on;
+    ``precision``: the update's forward context, which the terms' forwards run in too."""
+    from rollwise.control.masa import alignment_loss
+    from rollwise.optim.auxiliary import AuxiliaryTerm
+    from rollwise.optim.dph import step_optimizer
+
+    t, cfg = trainer, trainer.cfg
+    optimizer = step_optimizer(t.dph_pool, groups, t.optimizer, t.model, cfg.objective, t.step_seed(step),
+                               t.update_spec(step).sampling, t.tokenizer.pad_token_id, precision)
+    if cfg.control.method == "masa" and cfg.control.masa.align_coef > 0:
+        optimizer = AuxiliaryTerm(optimizer, lambda: alignment_loss(t.meta_align, t.model, groups),
+                                  cfg.control.masa.align_coef, "masa/align_loss", precision)
+    return optimizer
 
 
 def harness_sampler(rollout, params, tokenizer, controller):

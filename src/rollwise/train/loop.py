@@ -28,14 +28,12 @@ import torch
 from rollwise import seeds
 from rollwise.control import PromptCursor, PromptStats, build_controller
 from rollwise.control.difficulty import PolicyEmbedder
-from rollwise.control.masa import MetaReadout, alignment_loss
+from rollwise.control.masa import MetaReadout
 from rollwise.control.rounds import PromptPrefixes, accept_and_refill, extend_rounds
 from rollwise.engine import make_engine
 from rollwise.eval.accuracy import EvalResult, evaluate
 from rollwise.eval.support import track
 from rollwise.filter.registry import resolve_rewards
-from rollwise.optim.auxiliary import AuxiliaryTerm
-from rollwise.optim.dph import step_optimizer
 from rollwise.tasks.rewrites import build_rewriter
 from rollwise.optim.old_logits import record_old_logprobs
 from rollwise.optim.vcpo import assign_vcpo, policy_log_ratios, scaled_lr
@@ -62,6 +60,7 @@ from rollwise.train.build import (
     packed_forward,
     reference_model,
     seed_everything,
+    update_optimizer,
 )
 from rollwise.train.checkpoint import load_reference, restore_run, save_run
 from rollwise.train.collect import RoundSampler, ScoredBatch
@@ -260,12 +259,7 @@ class Trainer:
             groups, kept = keep_high_entropy_steps(groups, cfg.objective.top_entropy_step_quantile)
             metrics |= kept
         tensors = build_batch(groups, self.tokenizer.pad_token_id, cfg.objective.mask_truncated_completions)
-        optimizer = step_optimizer(self.dph_pool, batch.groups, self.optimizer, self.model, cfg.objective,
-                                   self.step_seed(step), self.update_spec(step).sampling, self.tokenizer.pad_token_id,
-                                   precision)
-        if cfg.control.method == "masa" and cfg.control.masa.align_coef > 0:  # its predictions' self-alignment
-            optimizer = AuxiliaryTerm(optimizer, lambda: alignment_loss(self.meta_align, self.model, batch.groups),
-                                      cfg.control.masa.align_coef, "masa/align_loss", precision)
+        optimizer = update_optimizer(self, step, batch.groups, precision)  # + dph_rl's, masa's terms
         with scaled_lr(self.optimizer, lr_scale):  # dph_rl, masa: the optimizer adds their terms' gradients
             metrics |= policy_update(self.model, optimizer, tensors, self.update_spec(step), self.ref_model)
         if optimizer is not self.optimizer:
@@ -381,11 +375,7 @@ class Trainer:
         from rollwise.eval import cache
 
         key = cache.start_key(self.model, self.engine, self.cfg, self.eval_prompts, self.stop_ids)
-        result = cache.load(directory, key)
-        if result is None:
-            result = self.evaluate()
-            cache.store(directory, key, result)
-        return result
+        return cache.load(directory, key) or cache.store(directory, key, self.evaluate())
 
     def record_eval(self) -> EvalResult | None:
         if not self.eval_prompts:  # no eval split: training goes on, summary.json says there was no eval

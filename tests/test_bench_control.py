@@ -53,6 +53,15 @@ def test_summary_by_hand():
     assert (v["pairs"], v["departs_at"]) == (200, 1)  # seed 0 parts at step 2, seed 1 at step 1
     nf = table[NOISE_FLOOR]
     assert nf["seed_differences"] == [0.0, 0.0] and nf["verdict"] == NO_DIFFERENCE and nf["departs_at"] == 1
+    assert v["p_holm"] == pytest.approx(v["p"]) and "p_holm" not in nf  # vade: the family's one method arm
+
+
+def test_a_verdict_cell_carries_its_holm_p():
+    from rollwise.bench.ledger import verdict_cell
+
+    assert verdict_cell({"verdict": "worse", "p": 0.044, "p_holm": 0.2198}) == "worse (Holm p 0.220)"
+    assert verdict_cell({"verdict": NO_DIFFERENCE, "p": 0.5, "p_holm": 1.0}) == NO_DIFFERENCE
+    assert verdict_cell({}) == "—"
 
 
 def test_bench_control_smoke(tmp_path):

@@ -57,7 +57,7 @@ from rollwise.bench.harness import (NOISE_FLOOR, NOISE_SEED_OFFSET, TaskBenchCon
                                     paired, rl_sets, run_sets, seed_sets, session, task_sets, task_warm_start,
                                     threads_set, tokens_ratios, train_run, write_json)
 from rollwise.bench.ledger import write_ledger
-from rollwise.bench.stats import holm, identical_groups, seed_test, verdict
+from rollwise.bench.stats import add_holm, identical_groups, seed_test, verdict
 from rollwise.config import ConfigError
 from rollwise.report.runs import read_jsonl
 
@@ -364,10 +364,8 @@ def _with_holm(table: dict[str, dict]) -> dict[str, dict]:
     """Each method arm's Holm-adjusted p (``p_holm``) over the arms of its regime: the baseline and the
     noise floor (the rule's own check) are not in the family."""
     for regime in dict.fromkeys(split_arm(arm)[1] for arm in table):
-        family = [arm for arm, row in table.items() if split_arm(arm)[1] == regime and row.get("p") is not None
-                  and arm != baseline_of(arm) and split_arm(arm)[0] != NOISE_FLOOR]
-        for arm, adjusted in zip(family, holm([table[arm]["p"] for arm in family])):
-            table[arm]["p_holm"] = adjusted
+        add_holm(table, [arm for arm in table if split_arm(arm)[1] == regime and arm != baseline_of(arm)
+                         and split_arm(arm)[0] != NOISE_FLOOR])
     return table
 
 

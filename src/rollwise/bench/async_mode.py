@@ -41,7 +41,8 @@ from pydantic import Field
 from rollwise.bench.harness import (NOISE_FLOOR, GrpoBenchConfig, departs_at, grid, load_settings, paired,
                                     ratio_cell, rl_sets, seed_sets, session, table, threads_set, tokens_to_reach,
                                     train_run, warm_start, write_json)
-from rollwise.bench.ledger import delta
+from rollwise.bench.ledger import delta, verdict_cell
+from rollwise.bench.stats import add_holm
 from rollwise.config import ConfigError
 
 REPLAY_ARMS = ("rollout_replay", "remix", "rorecomp")
@@ -179,6 +180,7 @@ def summarize(runs: dict[str, list[dict]], arms: list[str], steps: int) -> dict[
             "tokens_at_steps": statistics.mean(c["tokens"] for c in ends),
             "final_accuracy_mean": statistics.mean(r["final_accuracy"] for r in rs), "seeds": len(rs),
         } | ({} if arm == "sync" else effect_at_steps(rs, base, steps))
+    add_holm(rows, [arm for arm in rows if arm not in ("sync", NOISE_FLOOR)])  # the family-wise reading
     return rows
 
 
@@ -210,7 +212,7 @@ def _cells(arm: str, row: dict) -> list[str]:
     st, idle = row["staleness"], row["idle_fraction"]
     return [arm, f"{row['wall_seconds']:.0f}",
             "—" if row["speedup_vs_sync"] is None else f"{row['speedup_vs_sync']:.2f}x",
-            pct(row["accuracy_mean"]), delta(row), row.get("verdict", "—"),
+            pct(row["accuracy_mean"]), delta(row), verdict_cell(row),
             "—" if "difference" not in row else str(row["departs_at"] or "never"),
             pct(row["accuracy_at_equal_wall"]), pct(row["sync_accuracy_at_that_wall"]),
             f"{row['tokens_at_steps']:,.0f}",

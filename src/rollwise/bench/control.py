@@ -38,7 +38,8 @@ from pydantic import Field
 from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, departs_at, grid, load_settings, paired, ratio_cell,
                                     rl_sets, seed_sets, session, table, task_sets, task_warm_start, threads_set,
                                     tokens_ratios, tokens_to_reach, train_run, write_json)
-from rollwise.bench.ledger import delta
+from rollwise.bench.ledger import delta, verdict_cell
+from rollwise.bench.stats import add_holm
 from rollwise.control import CONTROLLERS, EPISODES_ONLY
 
 __all__ = ["NOISE_FLOOR", "run_control_bench", "summarize", "tokens_to_reach", "zero_signal_share"]
@@ -117,6 +118,7 @@ def summarize(runs: dict[str, list[dict]], arms: list[str]) -> dict[str, dict]:
             "steps": statistics.mean(r["steps"] for r in rs), "control": control,
             "tokens_per_trained_rollout": statistics.mean(tokens_per_trained_rollout(r["step_metrics"]) for r in rs),
         } | ({} if arm == "none" else _against(rs, base))
+    add_holm(table, [arm for arm in table if arm not in ("none", NOISE_FLOOR)])  # the family-wise reading
     return table
 
 
@@ -135,7 +137,7 @@ def _print(console, cfg: ControlBenchConfig, task: str, rows: dict) -> None:
     columns = ("arm", "accuracy", "Δ vs none [95% CI]", "verdict", "departs at step", "tokens to baseline's final",
                "zero-signal groups", "tokens/trained rollout", "steps", "wall s")
     console.print(table(title, columns, [
-        [arm, f"{r['accuracy_mean']:.1%}", delta(r), r.get("verdict", "—"),
+        [arm, f"{r['accuracy_mean']:.1%}", delta(r), verdict_cell(r),
          "—" if "difference" not in r else ("never" if r["departs_at"] is None else str(r["departs_at"])),
          ratio_cell(r), f"{r['zero_signal_share']:.1%}", f"{r['tokens_per_trained_rollout']:.1f}",
          f"{r['steps']:.0f}", f"{r['wall_seconds']:.0f}"] for arm, r in rows.items()], left=("verdict",)))

@@ -47,6 +47,12 @@ def _p(p: float) -> str:
     return f"{p:.3f}" if p >= 0.001 else "<0.001"
 
 
+def verdict_cell(row: dict) -> str:
+    """The verdict, with its Holm-adjusted p when it is one ("better (Holm p 0.220)"): the benches' tables."""
+    v = row.get("verdict", "—")
+    return f"{v} (Holm p {_p(row['p_holm'])})" if v in ("better", "worse") and row.get("p_holm") is not None else v
+
+
 def cells(arm: str, row: dict) -> list[str]:
     ids = " ≡ ".join(row.get("ids", [arm]))
     line = ", ".join(f"`{x}`" for x in row["lines"]) or "—"

@@ -221,6 +221,13 @@ def holm(ps: Sequence[float]) -> list[float]:
     return adjusted
 
 
+def add_holm(rows: Mapping[str, dict], family: Sequence[str]) -> None:
+    """Set ``p_holm`` on the rows of ``family`` (a table's method arms) that have a ``p``: Holm over them."""
+    arms = [arm for arm in family if rows[arm].get("p") is not None]
+    for arm, adjusted in zip(arms, holm([rows[arm]["p"] for arm in arms])):
+        rows[arm]["p_holm"] = adjusted
+
+
 def paired_effect(arm: Mapping[Hashable, object], baseline: Mapping[Hashable, object]) -> PairedEffect:
     """The arm's effect against the baseline, from per-prompt correctness on each seed
     (``{seed: correctness}``, strings or 0/1 sequences); seeds missing from either side are left out.

@@ -413,6 +413,45 @@ def test_difficulty_select_counts_the_tokens_it_embeds():
     assert c.forward_tokens() == 0  # read once
 
 
+class FixedEmbed:
+    """A fixed embedder (``fixed``, ``tokens``): one vector per prompt id, 3 tokens a prompt."""
+
+    fixed = True
+
+    def __init__(self):
+        self.tokens, self.seen = 0, []
+
+    def __call__(self, prompts):
+        self.seen += [p.id for p in prompts]
+        self.tokens += 3 * len(prompts)
+        e = np.array([[1.0, int(p.id[1:]) % 5, int(p.id[1:]) % 3 + 1.0] for p in prompts])
+        return e / np.linalg.norm(e, axis=1, keepdims=True)
+
+
+def test_a_fixed_embedders_embeddings_are_made_once_kept_and_charged_once():
+    """embeddings: start. Each prompt is embedded the first time it is a candidate; a reference (a
+    former candidate) and a candidate seen again cost nothing; the kept embeddings survive the
+    controller's state (so a resumed run charges none again) and give the same picks."""
+    embed = FixedEmbed()
+    c = DifficultySelect(DifficultyConfig(), embed=embed, num_generations=4)
+    source, stats = PromptCursor(Stream(), 0), PromptStats()
+    chosen = c.select_prompts(source, stats, 2)
+    for p in chosen:
+        stats.observe(group(p.id, [1, 0]), 0)
+    c.observe_step([group(p.id, [1, 0]) for p in chosen], stats)
+    c.select_prompts(source, stats, 2)  # candidates p8-p15 and the references p0, p1: first seen, embedded
+    assert sorted(embed.seen) == sorted(["p0", "p1", *(f"p{i}" for i in range(8, 16))])
+    assert c.forward_tokens() == 30 and c.metrics()["control/embed_tokens"] == 30
+    c.select_prompts(source, stats, 2)  # a third step: p16-p23 new, p0/p1 (still references) kept
+    assert len(embed.seen) == 18 and c.forward_tokens() == 24
+    again = DifficultySelect(DifficultyConfig(), embed=embed, num_generations=4)
+    again.load_state_dict(c.state_dict())
+    assert set(again.kept) == set(c.kept) and all(np.array_equal(again.kept[k], c.kept[k]) for k in c.kept)
+    before = len(embed.seen)
+    emb, spent = again.embeddings([Prompt(k, k) for k in sorted(c.kept)])
+    assert spent == 0 and len(embed.seen) == before and emb.shape == (18, 3)  # all kept: nothing runs
+
+
 # -- the store, the registry, merging ------------------------------------------------------------
 def test_prompt_stats_records_and_round_trips():
     stats = PromptStats()

@@ -5,6 +5,7 @@ budget was spent exactly), bad combinations are ConfigErrors that name the fix, 
 """
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from rollwise import seeds
@@ -136,6 +137,8 @@ def test_every_controller_trains_with_every_strategy(tmp_path, warm, method, str
             assert ms[0]["control/embed_tokens"] == 0 and ms[1]["control/embed_tokens"] > 4 * P
             assert t.state.generated_tokens == t.engine.stats.decode_tokens + ms[1]["control/embed_tokens"]
             assert ms[1]["tokens/generated"] > ms[1]["control/embed_tokens"]
+            assert t.embed_model is not None and t.embed_model is not t.model  # the starting weights, frozen:
+            assert any(not torch.equal(a, b) for a, b in zip(t.model.parameters(), t.embed_model.parameters()))
         if method == "dars":
             assert all("control/extend_rounds" in m for m in ms)
             assert spent == 2 * P * G + sum(m["control/extend_rollouts"] for m in ms)

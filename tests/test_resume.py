@@ -43,6 +43,7 @@ def config(tmp_path, warm, name, *extra):
     ["rewards=[{name: pow3r}]"],  # the criteria's smoothed weights (rewards.pt)
     ["rewards=[{name: weaver, weaver: {window: 64}}]"],  # the fit's window, full by the checkpoint
     ["objective.method=dph_rl", "objective.dph_pool=3"],  # the initial policy's samples (dph_pool.pt)
+    ["control.method=difficulty_select"],  # the kept embeddings: neither recomputed nor charged again
 ])
 def test_resume_leaves_the_files_of_the_uninterrupted_run(tmp_path, warm, extra):
     sets = ["train.steps=8", "train.eval_every=4", "train.checkpoint_every=3", *extra]

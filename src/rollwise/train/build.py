@@ -85,14 +85,29 @@ def check_workers(cfg, controller) -> None:
 
 
 def reference_model(cfg, model, init_dir: Path, device):
-    """The KL reference when the objective needs one (else None): under ``model.lora`` the policy
-    with its adapters off; otherwise a frozen copy of the RL starting point (``init_dir``)."""
-    if not cfg.objective.needs_reference:
-        return None
+    """The KL reference when the objective needs one (else None)."""
+    return frozen_start(cfg, model, init_dir, device) if cfg.objective.needs_reference else None
+
+
+def frozen_start(cfg, model, init_dir: Path, device):
+    """The RL starting point, frozen: under ``model.lora`` the policy with its adapters off; otherwise
+    a copy loaded from ``init_dir``."""
     if cfg.model.lora is not None:  # the base, adapters off
         return lora.AdapterDisabled(model)
     ref = type(model).from_pretrained(init_dir, dtype=model.dtype)
     return ref.to(device).eval()
+
+
+def embedding_model(cfg, model, ref_model, init_dir: Path, device):
+    """``difficulty_select``'s fixed embedding model (``embeddings: start``): the starting weights —
+    the KL reference when there is one that stays put (ReMix moves it), else a frozen copy; None when
+    nothing embeds with it."""
+    ds = cfg.control.difficulty_select
+    if cfg.control.method != "difficulty_select" or ds.embeddings != "start":
+        return None
+    if ref_model is not None and cfg.replay.method != "remix":
+        return ref_model
+    return frozen_start(cfg, model, init_dir, device)
 
 
 def update_optimizer(trainer, step: int, groups, precision):

@@ -27,7 +27,7 @@ import torch
 
 from rollwise import seeds
 from rollwise.control import PromptCursor, PromptStats, build_controller
-from rollwise.control.difficulty import PolicyEmbedder
+from rollwise.control.difficulty import PolicyEmbedder, StartEmbedder
 from rollwise.control.masa import MetaReadout
 from rollwise.control.rounds import PromptPrefixes, accept_and_refill, extend_rounds
 from rollwise.engine import make_engine
@@ -54,6 +54,7 @@ from rollwise.train import resume as resume_rules
 from rollwise.train.build import (
     async_threads,
     check_workers,
+    embedding_model,
     episode_sampler,
     harness_sampler,
     lr_lambda,
@@ -108,7 +109,10 @@ class Trainer:
         self.stop_ids = (self.tokenizer.eos_token_id,)
         self.sampling = sampling_params(r, self.tokenizer)
         self.stats = PromptStats()  # per-prompt running statistics the controller reads
-        embed = PolicyEmbedder(self.sampling_policy, self.tokenizer.pad_token_id)  # difficulty_select's
+        self.embed_model = None  # difficulty_select's fixed embedding model, the starting weights (prepare())
+        embed = (StartEmbedder(lambda: self.embed_model, self.tokenizer)  # difficulty_select's
+                 if cfg.control.difficulty_select.embeddings == "start"
+                 else PolicyEmbedder(self.sampling_policy, self.tokenizer.pad_token_id))
         meta = MetaReadout(self.sampling_policy, self.tokenizer, cfg.control.masa.length_unit)  # masa's p̂, L̂
         self.meta_align = MetaReadout(None, self.tokenizer, cfg.control.masa.length_unit)  # and their training
         rewrite = build_rewriter(cfg.control.clpo, cfg.seed) if cfg.control.method == "clpo" else None
@@ -347,6 +351,8 @@ class Trainer:
         self.ref_model = reference_model(self.cfg, self.model, self.init_model_dir(), self.engine.device)
         if ckpt is not None and self.state.reference_moved_at is not None and self.cfg.model.lora is None:
             load_reference(ckpt, self.ref_model)  # ReMix moved it before the checkpoint
+        self.embed_model = embedding_model(self.cfg, self.model, self.ref_model, self.init_model_dir(),
+                                           self.engine.device)
         self.log = MetricsLog(self.run_dir, resume_from_step=self.state.step if ckpt else None,
                               report_to=self.cfg.train.report_to, config=self.cfg.model_dump(mode="json"))
         self.rollout_log = RolloutLog(self.run_dir, self.cfg.train.log_rollouts, self.cfg.train.rollouts_mb,

@@ -213,6 +213,23 @@ def test_a_kl_run_uses_the_base_as_reference_without_a_second_model(tmp_path, wa
     assert second["kl"] > 0  # the adapter moved away from the base
 
 
+def test_difficulty_select_embeds_with_the_base_adapters_off(tmp_path, warm):
+    """embeddings: start under LoRA: the fixed embedding model is the policy with its adapters off
+    (no copy); after the adapters moved, a question embeds exactly as at the start."""
+    from rollwise.types import Prompt
+
+    with trainer(tmp_path, warm, "ds", "control.method=difficulty_select", "train.steps=3", "train.eval_every=0",
+                 "train.checkpoint_every=0") as t:
+        t.prepare()
+        assert isinstance(t.embed_model, AdapterDisabled) and t.embed_model.model is t.model
+        question = [Prompt("q", "7+5=")]
+        before = t.controller.embed(question)
+        ms = [t.step() for _ in range(3)]
+        after = t.controller.embed(question)
+    assert any(m["loss"] != 0 for m in ms) and ms[1]["control/embed_tokens"] > 0
+    assert before.tobytes() == after.tobytes()  # the base, not the trained adapters
+
+
 # -- checkpoints, resume, export ---------------------------------------------------------------
 
 @pytest.mark.parametrize("extra", [[], ["train.mode=async", "train.generation_threads=1", "train.max_staleness=1",

@@ -40,6 +40,7 @@ token) — including the one-off embedding the paper does offline.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Literal
 
 import numpy as np
@@ -112,13 +113,14 @@ class PolicyEmbedder:
 
 class StartEmbedder:
     """``embeddings: start``: each question's text (``Prompt.text``, no chat template) embedded under
-    a fixed model — ``model()``, the run's starting weights — so an embedding, once made, is kept.
-    ``tokens`` counts the ids it ran."""
+    a fixed model, the run's starting weights — ``module()`` lends it for the forward (``with
+    module() as m``: a frozen copy, or a LoRA policy with its adapters off) — so an embedding, once
+    made, is kept. ``tokens`` counts the ids it ran."""
 
     fixed = True
 
-    def __init__(self, model: Callable[[], torch.nn.Module], tokenizer) -> None:
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, module: Callable[[], AbstractContextManager[torch.nn.Module]], tokenizer) -> None:
+        self.module, self.tokenizer = module, tokenizer
         self.tokens = 0
 
     def __call__(self, prompts: list[Prompt]) -> np.ndarray:
@@ -126,7 +128,8 @@ class StartEmbedder:
                 for p in prompts]
         self.tokens += sum(map(len, rows))
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        return token_embeddings(self.model(), rows, pad)
+        with self.module() as model:
+            return token_embeddings(model, rows, pad)
 
 
 class DifficultySelect(Controller):

@@ -41,6 +41,7 @@ from rollwise.filter.sandbox import Sandbox
 from rollwise.generate import build_generator, check_guidance, sampling_params
 from rollwise.model import lora
 from rollwise.model.load import encode_prompt, load_model_and_tokenizer
+from rollwise.model.reference import as_reference
 from rollwise.optim.batch import build_batch
 from rollwise.optim.entropy_steps import keep_high_entropy_steps
 from rollwise.optim.objective import assign_advantages
@@ -110,7 +111,7 @@ class Trainer:
         self.sampling = sampling_params(r, self.tokenizer)
         self.stats = PromptStats()  # per-prompt running statistics the controller reads
         self.embed_model = None  # difficulty_select's fixed embedding model, the starting weights (prepare())
-        embed = (StartEmbedder(lambda: self.embed_model, self.tokenizer)  # difficulty_select's
+        embed = (StartEmbedder(lambda: as_reference(self.embed_model).module(), self.tokenizer)  # difficulty_select's
                  if cfg.control.difficulty_select.embeddings == "start"
                  else PolicyEmbedder(self.sampling_policy, self.tokenizer.pad_token_id))
         meta = MetaReadout(self.sampling_policy, self.tokenizer, cfg.control.masa.length_unit)  # masa's p̂, L̂

@@ -154,7 +154,10 @@ def test_ctrl_c_names_the_last_checkpoint_and_the_command_that_resumes(tmp_path)
     sets = [f"output_dir={tmp_path}", "name=cc", *FAST]
     argv = [sys.executable, "-m", "rollwise.cli", "train", str(recipe), *[x for s in sets for x in ("--set", s)]]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "1000"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "1000"},
+                            # a user's terminal: Ctrl-C on, even when the suite itself was started with SIGINT
+                            # ignored (a shell's background job), which the child would inherit and keep
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300  # a bound, not a timing assertion: the run is slow on a loaded machine
     while not (tmp_path / "cc" / "checkpoints" / "step_000001").is_dir():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()

@@ -98,16 +98,14 @@ def prompt_embeddings(model, prompts: list[Prompt], pad_token_id: int) -> np.nda
 class PolicyEmbedder:
     """``embeddings: policy``: prompts -> [N, d] normalised embeddings under the policy that samples,
     chat template included. ``policy()`` is asked at every use (async mode: the producer's own copy,
-    the version that samples the step); ``tokens`` counts the ids it ran."""
+    the version that samples the step)."""
 
     fixed = False  # the policy moves: nothing is kept
 
     def __init__(self, policy: Callable[[], torch.nn.Module], pad_token_id: int) -> None:
         self.policy, self.pad_token_id = policy, pad_token_id
-        self.tokens = 0
 
     def __call__(self, prompts: list[Prompt]) -> np.ndarray:
-        self.tokens += sum(len(p.token_ids) for p in prompts)
         return prompt_embeddings(self.policy(), prompts, self.pad_token_id)
 
 
@@ -146,17 +144,15 @@ class DifficultySelect(Controller):
 
     def embeddings(self, prompts: list[Prompt]) -> tuple[np.ndarray, int]:
         """[N, d] embeddings of ``prompts`` and the tokens embedded for them now: a fixed embedder's are
-        kept, so only prompts never embedded before run (and cost)."""
-        before = getattr(self.embed, "tokens", None)
+        kept, so only prompts never embedded before run (and cost); a moving one's cost every prompt's
+        sampled ids, every time."""
         if not getattr(self.embed, "fixed", False):
-            emb = self.embed(prompts)
-            spent = sum(len(p.token_ids) for p in prompts) if before is None else self.embed.tokens - before
-            return emb, spent
-        new = list({p.id: p for p in prompts if p.id not in self.kept}.values())
+            return self.embed(prompts), sum(len(p.token_ids) for p in prompts)
+        new, before = list({p.id: p for p in prompts if p.id not in self.kept}.values()), self.embed.tokens
         if new:
             for p, e in zip(new, self.embed(new)):
                 self.kept[p.id] = e
-        return np.stack([self.kept[p.id] for p in prompts]), (self.embed.tokens - before) if new else 0
+        return np.stack([self.kept[p.id] for p in prompts]), self.embed.tokens - before
 
     def select_prompts(self, source: PromptCursor, stats: PromptStats, n: int) -> list[Prompt]:
         start = source.cursor

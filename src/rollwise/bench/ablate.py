@@ -53,9 +53,9 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from rollwise.bench.harness import (NOISE_FLOOR, NOISE_SEED_OFFSET, TaskBenchConfig, departs_at, load_settings,
+from rollwise.bench.harness import (NOISE_FLOOR, NOISE_SEED_OFFSET, TaskBenchConfig, departs_at, history, load_settings,
                                     paired, rl_sets, run_sets, seed_sets, session, task_sets, task_warm_start,
-                                    threads_set, tokens_ratios, train_run, write_json)
+                                    threads_set, tokens_ratios, train_run, write_json, zero_signal_share)
 from rollwise.bench.ledger import write_ledger
 from rollwise.bench.stats import add_holm, identical_groups, seed_test, verdict
 from rollwise.config import ConfigError
@@ -72,6 +72,8 @@ ARM_EXTRAS = {"objective:mc_grpo": ["rollout.num_generations=7"],
               "strategy:brorl": ["rollout.num_generations=128", "rollout.prompts_per_step=1",
                                  "optim.micro_batch_size=16"],
               "reward:majority_vote": ["task.labels=none"]}  # label-free: training never sees the answers
+# the step metrics a run keeps: its share of trained groups without reward spread (the regime's measure)
+ZERO_SIGNAL = ("groups/zero_signal", "groups/trained")
 # off-policy regimes: where the ratio pi_theta / pi_old departs from 1 (async also sets its threads, in _run)
 REGIMES = {"epochs2": ["optim.num_iterations=2"], "async1": ["train.mode=async", "train.max_staleness=1"],
            "replay": ["replay.method=rollout_replay"]}
@@ -229,7 +231,7 @@ def read_results(out: Path, mine: Path) -> list[dict]:
         records = read_jsonl(path)
         if path == mine:
             path.write_text("".join(json.dumps(r) + "\n" for r in records))
-        finished += records
+        finished += [with_zero_signal(r, out) for r in records]
     return finished
 
 
@@ -284,7 +286,7 @@ def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out
     if "train.mode=async" in lines:
         lines += [f"train.generation_threads={torch.get_num_threads()}",
                   f"train.update_threads={torch.get_num_threads()}"]
-    name = f"{task}_{re.sub(r'[^A-Za-z0-9_.-]', '_', arm)}_{seed}"
+    name = run_name(task, arm, seed)
     if cfg.recipe is None:
         common = [*rl_sets(cfg, out / "runs", name, seed, warm, cfg.eval_every), *task_sets(cfg, task)]
     else:  # the recipe's model, task and settings
@@ -293,12 +295,27 @@ def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out
             *lines, *seed_sets(split_arm(arm)[0], seed)]
     try:
         run = train_run(sets, console, f"{task}: {arm}, seed {seed}", tokens=cfg.budget(task), recipe=cfg.recipe,
-                        checkpoint_every=cfg.checkpoint_every)
+                        checkpoint_every=cfg.checkpoint_every, keep=ZERO_SIGNAL)
     except ConfigError as e:
         return record | {"refused": str(e)}
     return record | run.record(seed) | {
         "curve": run.curve, "correct": run.evals[-1]["correct"], "eval_correct": [e["correct"] for e in run.evals],
-        "steps": run.summary["steps"], "wall_seconds": run.seconds}
+        "steps": run.summary["steps"], "wall_seconds": run.seconds, "zero_signal_share": zero_signal_share(run.steps)}
+
+
+def run_name(task: str, arm: str, seed: int) -> str:
+    """The run directory's name under ``out/runs``."""
+    return f"{task}_{re.sub(r'[^A-Za-z0-9_.-]', '_', arm)}_{seed}"
+
+
+def with_zero_signal(record: dict, out: Path) -> dict:
+    """A record written before runs kept their zero-signal share: the share read back from the run's
+    directory when it is still there (else the record as it is)."""
+    run_dir = out / "runs" / run_name(record["task"], record["arm"], record["seed"])
+    if "zero_signal_share" in record or "refused" in record or not (run_dir / "metrics.jsonl").exists():
+        return record
+    steps = history(run_dir, ZERO_SIGNAL)[2]
+    return record | {"zero_signal_share": zero_signal_share(steps)} if steps else record
 
 
 def _effect(rs: dict[int, dict], base: dict[int, dict], seeds: list[int]) -> dict:
@@ -310,6 +327,12 @@ def _effect(rs: dict[int, dict], base: dict[int, dict], seeds: list[int]) -> dic
     mean, ci, p = seed_test(diffs)
     return {"difference": mean, "ci95": None if ci is None else list(ci), "p": p, "seed_differences": diffs,
             "seeds": len(seeds), "pairs": None, "prompt_se": None, "verdict": verdict(ci, p)}
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """The mean over the runs that recorded the value (None: none did)."""
+    kept = [v for v in values if v is not None]
+    return statistics.mean(kept) if kept else None
 
 
 def _interval(values: list[float]) -> list[float] | None:
@@ -351,6 +374,7 @@ def summarize(runs: list[dict], arms: list[str]) -> dict[str, dict]:
                "wall_seconds": statistics.mean(r["wall_seconds"] for r in rs.values()),
                "tokens_ratio": statistics.mean(ratios) if ratios else None, "reached": len(ratios),
                "tokens_ratio_ci95": _interval(ratios),
+               "zero_signal_share": _mean([r.get("zero_signal_share") for r in rs.values()]),
                "departs_at": departs_at(rs, base)}
         if seeds and arm != baseline_of(arm):
             row |= _effect(rs, base, seeds)

@@ -37,7 +37,8 @@ from pydantic import Field
 
 from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, departs_at, grid, load_settings, paired, ratio_cell,
                                     rl_sets, seed_sets, session, table, task_sets, task_warm_start, threads_set,
-                                    tokens_ratios, tokens_to_reach, train_run, write_json)
+                                    tokens_ratios, tokens_to_reach, train_run, write_json,
+                                    zero_signal_share)
 from rollwise.bench.ledger import delta, verdict_cell
 from rollwise.bench.stats import add_holm
 from rollwise.control import CONTROLLERS, EPISODES_ONLY
@@ -84,12 +85,6 @@ def _arms(cfg: ControlBenchConfig, task: str, warm: Path, tmp: Path, console) ->
         runs[arm].append(run.record(seed) | {"curve": run.curve, "steps": len(run.steps), "step_metrics": run.steps,
                                              "correct": run.evals[-1]["correct"]})
     return runs
-
-
-def zero_signal_share(step_metrics: list[dict]) -> float:
-    """Trained groups with zero signal over all steps / trained groups."""
-    zero = sum(m["groups/zero_signal"] * m["groups/trained"] for m in step_metrics)
-    return zero / max(sum(m["groups/trained"] for m in step_metrics), 1)
 
 
 def tokens_per_trained_rollout(step_metrics: list[dict]) -> float:

@@ -326,6 +326,16 @@ def tokens_ratios(mine: Mapping[int, dict], base: Mapping[int, dict]) -> list[fl
     return out
 
 
+def zero_signal_share(step_metrics: list[dict]) -> float:
+    """Trained groups with zero signal (no reward spread) over all steps / trained groups.
+
+    >>> zero_signal_share([{"groups/zero_signal": .5, "groups/trained": 8}, {"groups/zero_signal": 0, "groups/trained": 8}])
+    0.25
+    """
+    zero = sum(m.get("groups/zero_signal", 0.0) * m.get("groups/trained", 0.0) for m in step_metrics)
+    return zero / max(sum(m.get("groups/trained", 0.0) for m in step_metrics), 1)
+
+
 # -- output ------------------------------------------------------------------------------------
 def write_json(path: Path | None, results: dict) -> None:
     """Write ``results`` to ``--json`` (nothing without one); a long bench calls it after every run.

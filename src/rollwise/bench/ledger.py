@@ -18,13 +18,14 @@ RULE = ("Δ: the arm's greedy accuracy minus its baseline's, in points, paired b
         "rewards than the baseline's on the same seed (earliest over seeds; \"never\": identical for the whole "
         "budget — the method had no occasion to act). Tokens to baseline's final: the generated tokens at the arm's "
         "first eval at or above the baseline's final accuracy over the baseline's own, mean over the seeds that "
-        "reached it (reached/seeds) [95% t interval over those seeds]. Ids joined by ≡: runs identical on every seed, one "
+        "reached it (reached/seeds) [95% t interval over those seeds]. Zero-signal groups: the share of trained "
+        "groups whose rewards did not spread (nothing trains on them), mean over the arm's runs. Ids joined by ≡: runs identical on every seed, one "
         "computation at these settings, reported once. The noise floor is the baseline again with other "
         "sampling seeds: it reads \"no detectable difference\" in 95% of ledgers; when it does not, distrust "
         "the verdicts. p (Holm): the arm's p adjusted over the table's method arms (Holm 1979): below 0.05, the "
         "verdict holds family-wise; a \"better\" whose Holm p is not may be the table's chance win.")
 COLUMNS = ("arm", "config line", "accuracy", "Δ vs baseline [95% CI]", "p", "n", "departs at step",
-           "tokens to baseline's final", "wall s", "verdict")
+           "tokens to baseline's final", "zero-signal groups", "wall s", "verdict")
 
 
 def regime_of(arm: str) -> str | None:
@@ -57,7 +58,7 @@ def cells(arm: str, row: dict) -> list[str]:
     ids = " ≡ ".join(row.get("ids", [arm]))
     line = ", ".join(f"`{x}`" for x in row["lines"]) or "—"
     if "refused" in row:
-        return [ids, line, *["—"] * 7, f"refused: {row['refused']}"]
+        return [ids, line, *["—"] * 8, f"refused: {row['refused']}"]
     ratio = "—" if row["tokens_ratio"] is None else f"{row['tokens_ratio']:.2f}× ({row['reached']}/{row['seeds']})"
     if row.get("tokens_ratio_ci95"):
         lo, hi = row["tokens_ratio_ci95"]
@@ -69,8 +70,9 @@ def cells(arm: str, row: dict) -> list[str]:
     baseline = row.get("verdict") == "baseline"
     departs = "—" if baseline and len(row.get("ids", [])) < 2 else (
         "never" if row.get("departs_at") is None else str(row["departs_at"]))
-    return [ids, line, f"{row['accuracy_mean']:.1%}", delta(row), p, n, departs, ratio, f"{row['wall_seconds']:.0f}",
-            row.get("verdict", "—")]
+    zero = "—" if row.get("zero_signal_share") is None else f"{row['zero_signal_share']:.0%}"
+    return [ids, line, f"{row['accuracy_mean']:.1%}", delta(row), p, n, departs, ratio, zero,
+            f"{row['wall_seconds']:.0f}", row.get("verdict", "—")]
 
 
 def sections(table: dict[str, dict]) -> list[tuple[str | None, list[tuple[str, dict]]]]:

@@ -234,30 +234,34 @@ def test_tokens_ratio_has_its_interval():
     assert "0.50× (5/5) [0.50, 0.50]" in cells("objective:dapo", table["objective:dapo"])
 
 
-def test_zero_signal_share_per_arm_and_from_an_older_records_run_directory(tmp_path):
-    """A record keeps its runs' share of trained groups without reward spread; a record written before
-    it did gets the share from its run directory's metrics (steps weighted by their trained groups)."""
+def test_zero_signal_share_and_controller_metrics_per_arm_also_for_older_records(tmp_path):
+    """A record keeps its run's share of trained groups without reward spread (steps weighted by their
+    trained groups) and its controller's mean metrics; a record written before it did gets both from
+    its run directory's metrics."""
     runs, arms = ledger_runs()
     for r in runs:
         if r["arm"] == "objective:dapo":
             r["zero_signal_share"] = 0.1 * r["seed"]  # 0 .. 0.4: mean 0.2
+            r["control"] = {"control/refill_rounds": float(r["seed"])} | ({"control/cap_hit": 1.0} if r["seed"] else {})
     table = summarize(runs, arms)
     assert table["objective:dapo"]["zero_signal_share"] == pytest.approx(0.2)
-    assert table[BASELINE]["zero_signal_share"] is None  # not recorded: not made up
-    assert "| 20% |" in to_markdown({"command": "c", "tasks": {"arith": table}})
+    assert table["objective:dapo"]["control"] == {"control/cap_hit": 1.0, "control/refill_rounds": 2.0}
+    assert table[BASELINE]["zero_signal_share"] is None and table[BASELINE]["control"] == {}  # not recorded: not made up
+    md = to_markdown({"command": "c", "tasks": {"arith": table}})
+    assert "| 20% |" in md and "- `objective:dapo`: cap_hit 1, refill_rounds 2\n" in md
     out = tmp_path / "ablate"
     run_dir = out / "runs" / "arith_control_vade_0"
     run_dir.mkdir(parents=True)
-    rows = [{"step": 1, "tokens/total": 100, "groups/zero_signal": 0.75, "groups/trained": 8},
+    rows = [{"step": 1, "tokens/total": 100, "groups/zero_signal": 0.75, "groups/trained": 8, "control/pool": 3},
             {"step": 1, "eval/accuracy": 0.5},
-            {"step": 2, "tokens/total": 200, "groups/zero_signal": 0.25, "groups/trained": 4}]
+            {"step": 2, "tokens/total": 200, "groups/zero_signal": 0.25, "groups/trained": 4, "control/pool": 5}]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     older = [{"task": "arith", "arm": "control:vade", "seed": 0}, {"task": "arith", "arm": "control:vade", "seed": 1},
-             {"task": "arith", "arm": "control:gdro", "seed": 0, "zero_signal_share": 0.5}]
+             {"task": "arith", "arm": "control:gdro", "seed": 0, "zero_signal_share": 0.5, "control": {}}]
     (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in older))
     got = read_results(out, out / "results.jsonl")
-    assert got[0]["zero_signal_share"] == pytest.approx((6 + 1) / 12)
-    assert "zero_signal_share" not in got[1] and got[2]["zero_signal_share"] == 0.5  # no run directory; recorded
+    assert got[0]["zero_signal_share"] == pytest.approx((6 + 1) / 12) and got[0]["control"] == {"control/pool": 4}
+    assert "control" not in got[1] and got[2] == older[2] | {}  # no run directory; recorded: as they were
     assert "zero_signal_share" not in json.loads((out / "results.jsonl").read_text().splitlines()[0])  # file as it was
 
 
@@ -281,7 +285,7 @@ def test_bench_ablate_smoke_resumes(tmp_path):
     lines, records = ablate(out, *sets)
     assert len(lines) == 8  # (baseline, noise floor, 2 arms) x 2 seeds
     assert all(reward == 0 for r in records.values() for _, reward in r["trace"])  # no signal anywhere
-    assert all(r["zero_signal_share"] == 1.0 for r in records.values())
+    assert all(r["zero_signal_share"] == 1.0 and r["control"] == {} for r in records.values())
     table = json.loads((out / "ledger.json").read_text())["tasks"]["arith"]
     assert table[BASELINE]["ids"] == [BASELINE, "objective:dr_grpo"] and "objective:dr_grpo" not in table
     tree = table["strategy:tree"]

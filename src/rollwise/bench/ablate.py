@@ -53,9 +53,10 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from rollwise.bench.harness import (NOISE_FLOOR, NOISE_SEED_OFFSET, TaskBenchConfig, departs_at, history, load_settings,
-                                    paired, rl_sets, run_sets, seed_sets, session, task_sets, task_warm_start,
-                                    threads_set, tokens_ratios, train_run, write_json, zero_signal_share)
+from rollwise.bench.harness import (NOISE_FLOOR, NOISE_SEED_OFFSET, TaskBenchConfig, departs_at, history,
+                                    load_settings, metric_means, paired, rl_sets, run_sets, seed_sets, session,
+                                    task_sets, task_warm_start, threads_set, tokens_ratios, train_run, write_json,
+                                    zero_signal_share)
 from rollwise.bench.ledger import write_ledger
 from rollwise.bench.stats import add_holm, identical_groups, seed_test, verdict
 from rollwise.config import ConfigError
@@ -73,7 +74,8 @@ ARM_EXTRAS = {"objective:mc_grpo": ["rollout.num_generations=7"],
                                  "optim.micro_batch_size=16"],
               "reward:majority_vote": ["task.labels=none"]}  # label-free: training never sees the answers
 # the step metrics a run keeps: its share of trained groups without reward spread (the regime's measure)
-ZERO_SIGNAL = ("groups/zero_signal", "groups/trained")
+# and what its controller did (rounds, refills, picked pass rates: the method acted, and how much)
+KEEP = ("groups/zero_signal", "groups/trained", "control/", "arrol/")
 # off-policy regimes: where the ratio pi_theta / pi_old departs from 1 (async also sets its threads, in _run)
 REGIMES = {"epochs2": ["optim.num_iterations=2"], "async1": ["train.mode=async", "train.max_staleness=1"],
            "replay": ["replay.method=rollout_replay"]}
@@ -231,7 +233,7 @@ def read_results(out: Path, mine: Path) -> list[dict]:
         records = read_jsonl(path)
         if path == mine:
             path.write_text("".join(json.dumps(r) + "\n" for r in records))
-        finished += [with_zero_signal(r, out) for r in records]
+        finished += [with_step_summary(r, out) for r in records]
     return finished
 
 
@@ -295,12 +297,17 @@ def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out
             *lines, *seed_sets(split_arm(arm)[0], seed)]
     try:
         run = train_run(sets, console, f"{task}: {arm}, seed {seed}", tokens=cfg.budget(task), recipe=cfg.recipe,
-                        checkpoint_every=cfg.checkpoint_every, keep=ZERO_SIGNAL)
+                        checkpoint_every=cfg.checkpoint_every, keep=KEEP)
     except ConfigError as e:
         return record | {"refused": str(e)}
     return record | run.record(seed) | {
         "curve": run.curve, "correct": run.evals[-1]["correct"], "eval_correct": [e["correct"] for e in run.evals],
-        "steps": run.summary["steps"], "wall_seconds": run.seconds, "zero_signal_share": zero_signal_share(run.steps)}
+        "steps": run.summary["steps"], "wall_seconds": run.seconds} | step_summary(run.steps)
+
+
+def step_summary(steps: list[dict]) -> dict:
+    """What a run's kept step metrics say: its zero-signal share and its controller's mean metrics."""
+    return {"zero_signal_share": zero_signal_share(steps), "control": metric_means(steps)}
 
 
 def run_name(task: str, arm: str, seed: int) -> str:
@@ -308,14 +315,14 @@ def run_name(task: str, arm: str, seed: int) -> str:
     return f"{task}_{re.sub(r'[^A-Za-z0-9_.-]', '_', arm)}_{seed}"
 
 
-def with_zero_signal(record: dict, out: Path) -> dict:
-    """A record written before runs kept their zero-signal share: the share read back from the run's
-    directory when it is still there (else the record as it is)."""
+def with_step_summary(record: dict, out: Path) -> dict:
+    """A record written before runs kept their step summary: read back from the run's directory when
+    it is still there (else the record as it is)."""
     run_dir = out / "runs" / run_name(record["task"], record["arm"], record["seed"])
-    if "zero_signal_share" in record or "refused" in record or not (run_dir / "metrics.jsonl").exists():
+    if "control" in record or "refused" in record or not (run_dir / "metrics.jsonl").exists():
         return record
-    steps = history(run_dir, ZERO_SIGNAL)[2]
-    return record | {"zero_signal_share": zero_signal_share(steps)} if steps else record
+    steps = history(run_dir, KEEP)[2]
+    return record | step_summary(steps) if steps else record
 
 
 def _effect(rs: dict[int, dict], base: dict[int, dict], seeds: list[int]) -> dict:
@@ -375,6 +382,7 @@ def summarize(runs: list[dict], arms: list[str]) -> dict[str, dict]:
                "tokens_ratio": statistics.mean(ratios) if ratios else None, "reached": len(ratios),
                "tokens_ratio_ci95": _interval(ratios),
                "zero_signal_share": _mean([r.get("zero_signal_share") for r in rs.values()]),
+               "control": metric_means([r.get("control", {}) for r in rs.values()]),  # mean of the runs' means
                "departs_at": departs_at(rs, base)}
         if seeds and arm != baseline_of(arm):
             row |= _effect(rs, base, seeds)

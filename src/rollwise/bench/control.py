@@ -35,11 +35,11 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, departs_at, grid, load_settings, paired, ratio_cell,
-                                    rl_sets, seed_sets, session, table, task_sets, task_warm_start, threads_set,
-                                    tokens_ratios, tokens_to_reach, train_run, write_json,
+from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, departs_at, grid, load_settings, metric_means,
+                                    paired, ratio_cell, rl_sets, seed_sets, session, table, task_sets, task_warm_start,
+                                    threads_set, tokens_ratios, tokens_to_reach, train_run, write_json,
                                     zero_signal_share)
-from rollwise.bench.ledger import delta, verdict_cell
+from rollwise.bench.ledger import control_line, delta, verdict_cell
 from rollwise.bench.stats import add_holm
 from rollwise.control import CONTROLLERS, EPISODES_ONLY
 
@@ -102,8 +102,7 @@ def summarize(runs: dict[str, list[dict]], arms: list[str]) -> dict[str, dict]:
         rs = runs[arm]
         acc = [r["final_accuracy"] for r in rs]
         ratios = tokens_ratios({r["seed"]: r for r in rs}, base)
-        keys = sorted({k for r in rs for m in r["step_metrics"] for k in m if k.startswith(("control/", "arrol/"))})
-        control = {k: statistics.mean(m[k] for r in rs for m in r["step_metrics"] if k in m) for k in keys}
+        control = metric_means([m for r in rs for m in r["step_metrics"]])
         table[arm] = {
             "accuracy_mean": statistics.mean(acc), "accuracy_spread": max(acc) - min(acc), "accuracies": acc,
             "initial_accuracy": rs[0]["initial_accuracy"],
@@ -137,6 +136,5 @@ def _print(console, cfg: ControlBenchConfig, task: str, rows: dict) -> None:
          ratio_cell(r), f"{r['zero_signal_share']:.1%}", f"{r['tokens_per_trained_rollout']:.1f}",
          f"{r['steps']:.0f}", f"{r['wall_seconds']:.0f}"] for arm, r in rows.items()], left=("verdict",)))
     for arm, r in rows.items():
-        if r["control"]:
-            console.print(f"  {arm}: " + ", ".join(f"{k.split('/', 1)[1]} {v:.3g}" for k, v in r["control"].items()),
-                          highlight=False, soft_wrap=True)
+        if acted := control_line(r):
+            console.print(f"  {arm}: {acted}", highlight=False, soft_wrap=True)

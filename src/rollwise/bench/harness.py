@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -334,6 +335,17 @@ def zero_signal_share(step_metrics: list[dict]) -> float:
     """
     zero = sum(m.get("groups/zero_signal", 0.0) * m.get("groups/trained", 0.0) for m in step_metrics)
     return zero / max(sum(m.get("groups/trained", 0.0) for m in step_metrics), 1)
+
+
+def metric_means(step_metrics: list[dict], prefixes: tuple[str, ...] = ("control/", "arrol/")) -> dict[str, float]:
+    """The mean of each metric named with one of ``prefixes`` over the steps that logged it (what a
+    controller did: rounds, refills, picked pass rates), by name.
+
+    >>> metric_means([{"control/pool": 2, "x": 1}, {"control/pool": 4}])
+    {'control/pool': 3}
+    """
+    keys = sorted({k for m in step_metrics for k in m if k.startswith(prefixes)})
+    return {k: statistics.mean(m[k] for m in step_metrics if k in m) for k in keys}
 
 
 # -- output ------------------------------------------------------------------------------------

@@ -75,6 +75,11 @@ def cells(arm: str, row: dict) -> list[str]:
             f"{row['wall_seconds']:.0f}", row.get("verdict", "—")]
 
 
+def control_line(row: dict) -> str:
+    """What the arm's controller did, mean per step ("refill_rounds 2, kept_groups 15.9"; "" for none)."""
+    return ", ".join(f"{k.split('/', 1)[1]} {v:.3g}" for k, v in row.get("control", {}).items())
+
+
 def sections(table: dict[str, dict]) -> list[tuple[str | None, list[tuple[str, dict]]]]:
     """The rows of one task grouped by regime (the ledger's setting first), in table order."""
     out: dict[str | None, list] = {}
@@ -102,6 +107,8 @@ def to_markdown(ledger: dict) -> str:
             lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
             lines += ["| " + " | ".join(cells(arm, row)) + " |" for arm, row in rows]
             lines.append("")
+            lines += [f"- `{arm}`: {acted}" for arm, row in rows if (acted := control_line(row))]
+            lines += [""] if any(control_line(row) for _, row in rows) else []
     return "\n".join(lines)
 
 

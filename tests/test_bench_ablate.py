@@ -13,6 +13,7 @@ from rollwise.bench.ablate import (
     arm_lines,
     default_arms,
     load_ablate_config,
+    progress,
     ratio_presets,
     read_results,
     summarize,
@@ -265,6 +266,21 @@ def test_zero_signal_share_and_controller_metrics_per_arm_also_for_older_records
     assert "zero_signal_share" not in json.loads((out / "results.jsonl").read_text().splitlines()[0])  # file as it was
 
 
+def test_progress_counts_finished_runs_and_shows_begun_ones(tmp_path):
+    """The ledger says how complete it is: finished of planned, and where each begun run stands."""
+    everything = [("arith", s, a) for s in (0, 1) for a in (BASELINE, "control:vade")]
+    done = {("arith", BASELINE, 0): {}, ("arith", "control:vade", 0): {}, ("arith", "control:gdro", 0): {}}  # gdro: not planned
+    run_dir = tmp_path / "runs" / "arith_control_vade_1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": .3}) + "\n"
+                                          + json.dumps({"step": 7, "tokens/total": 3500}) + "\n")
+    got = progress(everything, done, tmp_path, lambda task: 40_000)
+    assert got == {"finished": 2, "planned": 4, "begun": [{"task": "arith", "arm": "control:vade", "seed": 1,
+                                                             "step": 7, "tokens": 3500, "budget": 40_000}]}
+    md = to_markdown({"command": "c", "progress": got, "tasks": {}})
+    assert "Runs: 2 of 4 finished; begun: control:vade seed 1 (step 7, 3,500 of 40,000 tokens)." in md
+
+
 def ablate(out, *sets):
     from rollwise.cli import app
 
@@ -307,7 +323,7 @@ def test_bench_ablate_smoke_resumes(tmp_path):
     config = (out / "runs" / f"arith_{NOISE_FLOOR}_1" / "config.yaml").read_text()
     assert "sampling_seed: 1001" in config and "\nseed: 1\n" in config
     md = (out / "ledger.md").read_text()
-    assert "| baseline ≡ objective:dr_grpo |" in md and "Noise floor" in md
+    assert "| baseline ≡ objective:dr_grpo |" in md and "Noise floor" in md and "Runs: 8 of 8 finished." in md
     assert "<table>" in (out / "ledger.html").read_text()
     # killed after seven runs: only the missing one runs again
     (out / "results.jsonl").write_text("\n".join(lines[:7]) + "\n" + lines[7][:20])

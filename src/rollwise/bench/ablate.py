@@ -271,7 +271,7 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
                     f.write(json.dumps(record) + "\n")
     done |= {(r["task"], r["arm"], r["seed"]): r for r in read_results(out, results_path)}  # the other shards'
     ledger = {"settings": cfg.model_dump(), "command": "rollwise bench ablate " + " ".join(
-        f"--set {o}" for o in overrides), "tasks": {}}
+        f"--set {o}" for o in overrides), "progress": progress(everything, done, out, cfg.budget), "tasks": {}}
     for task in tasks:
         runs = [r for (t, _, s), r in done.items() if t == task and s in cfg.seeds]
         ledger["tasks"][task] = summarize(runs, arms)
@@ -279,6 +279,20 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
     write_json(json_path, ledger)
     console.print(markdown, highlight=False, soft_wrap=True, markup=False)  # arms=[...] is not a rich tag
     return ledger
+
+
+def progress(everything: list[tuple[str, int, str]], done: dict, out: Path, budget) -> dict:
+    """How far the ledger is: runs finished of all it plans, and each unfinished run that has begun
+    (its run directory's last step and generated tokens against ``budget(task)``)."""
+    begun = []
+    for task, seed, arm in everything:
+        if (task, arm, seed) in done:
+            continue
+        steps = [r for r in read_jsonl(out / "runs" / run_name(task, arm, seed) / "metrics.jsonl") if "tokens/total" in r]
+        if steps:
+            begun.append({"task": task, "arm": arm, "seed": seed, "step": steps[-1]["step"],
+                          "tokens": int(steps[-1]["tokens/total"]), "budget": budget(task)})
+    return {"finished": sum((t, a, s) in done for t, s, a in everything), "planned": len(everything), "begun": begun}
 
 
 def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out: Path, console) -> dict:

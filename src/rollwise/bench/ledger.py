@@ -95,8 +95,20 @@ def noise_line(table: dict[str, dict]) -> str | None:
     return f"Noise floor (the baseline with other sampling seeds): {delta(row)}, {row['verdict']}."
 
 
+def progress_line(progress: dict) -> str:
+    """"Runs: 13 of 60 finished; begun: control:vade seed 1 (step 40, 21,400 of 40,000 tokens)"."""
+    line = f"Runs: {progress['finished']} of {progress['planned']} finished"
+    if progress["begun"]:
+        line += "; begun: " + ", ".join(f"{r['arm']} seed {r['seed']} (step {r['step']}, {r['tokens']:,} of "
+                                        f"{r['budget']:,} tokens)" for r in progress["begun"])
+    return line + "."
+
+
 def to_markdown(ledger: dict) -> str:
-    lines = [f"Command: `{ledger['command']}`", "", RULE, ""]
+    lines = [f"Command: `{ledger['command']}`", ""]
+    if ledger.get("progress"):  # a ledger of older runs has none
+        lines += [progress_line(ledger["progress"]), ""]
+    lines += [RULE, ""]
     for task, table in ledger["tasks"].items():
         lines += [f"### {task}", ""]
         if (noise := noise_line(table)) is not None:
@@ -129,7 +141,8 @@ def to_html(ledger: dict) -> str:
     return ("<!doctype html><html><head><meta charset='utf-8'><title>rollwise ablation ledger</title><style>"
             "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
             "padding:4px 8px}</style></head><body><h1>Ablation ledger</h1><p>" + html.escape(ledger["command"])
-            + "</p><p>" + html.escape(RULE) + "</p>" + "".join(parts) + "</body></html>")
+            + "</p>" + (f"<p>{html.escape(progress_line(ledger['progress']))}</p>" if ledger.get("progress") else "")
+            + "<p>" + html.escape(RULE) + "</p>" + "".join(parts) + "</body></html>")
 
 
 def write_ledger(ledger: dict, out: Path) -> str:

@@ -72,6 +72,8 @@ def test_summary_by_hand():
     assert d["p"] == pytest.approx(0.01613, abs=1e-4) and d["verdict"] == "better"
     assert (d["seeds"], d["pairs"], d["departs_at"]) == (5, 500, 2) and d["prompt_se"] < 0.04
     assert d["tokens_ratio"] == pytest.approx(0.5) and d["reached"] == 5
+    # the mean curve: seeds at 0.5 after 50 tokens, then 0.5 + k/100 at 100 (k = 10, 20, 10, 30, 10)
+    assert d["curve"][10] == [50.0, 0.5] and d["curve"][-1] == [100.0, pytest.approx(0.66)] and len(d["curve"]) == 21
     assert table["strategy:april"] == {"ids": ["strategy:april"], "lines": ["rollout.strategy=april"],
                                        "refused": "ConfigError: no"}
     assert table[BASELINE]["verdict"] == "baseline"
@@ -325,6 +327,9 @@ def test_bench_ablate_smoke_resumes(tmp_path):
     md = (out / "ledger.md").read_text()
     assert "| baseline ≡ objective:dr_grpo |" in md and "Noise floor" in md and "Runs: 8 of 8 finished." in md
     assert "<table>" in (out / "ledger.html").read_text()
+    # the curves: each row's mean over seeds starts at the start's accuracy; a panel per method arm
+    assert tree["curve"][0] == [0.0, pytest.approx(records["strategy:tree", 0]["curve"][0][1])]
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG" and "](curves.png)" in md
     # killed after seven runs: only the missing one runs again
     (out / "results.jsonl").write_text("\n".join(lines[:7]) + "\n" + lines[7][:20])
     again, _ = ablate(out, *sets)

@@ -57,7 +57,7 @@ from rollwise.bench.harness import (NOISE_FLOOR, NOISE_SEED_OFFSET, TaskBenchCon
                                     load_settings, metric_means, paired, rl_sets, run_sets, seed_sets, session,
                                     task_sets, task_warm_start, threads_set, tokens_ratios, train_run, write_json,
                                     zero_signal_share)
-from rollwise.bench.ledger import write_ledger
+from rollwise.bench.ledger import mean_curve, write_ledger
 from rollwise.bench.stats import add_holm, identical_groups, seed_test, verdict
 from rollwise.config import ConfigError
 from rollwise.report.runs import read_jsonl
@@ -272,10 +272,10 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
     done |= {(r["task"], r["arm"], r["seed"]): r for r in read_results(out, results_path)}  # the other shards'
     ledger = {"settings": cfg.model_dump(), "command": "rollwise bench ablate " + " ".join(
         f"--set {o}" for o in overrides), "progress": progress(everything, done, out, cfg.budget), "tasks": {}}
+    runs = {task: [r for (t, _, s), r in done.items() if t == task and s in cfg.seeds] for task in tasks}
     for task in tasks:
-        runs = [r for (t, _, s), r in done.items() if t == task and s in cfg.seeds]
-        ledger["tasks"][task] = summarize(runs, arms)
-    markdown = write_ledger(ledger, out)
+        ledger["tasks"][task] = summarize(runs[task], arms)
+    markdown = write_ledger(ledger, out, runs)
     write_json(json_path, ledger)
     console.print(markdown, highlight=False, soft_wrap=True, markup=False)  # arms=[...] is not a rich tag
     return ledger
@@ -387,7 +387,7 @@ def summarize(runs: list[dict], arms: list[str]) -> dict[str, dict]:
             continue
         base = {s: r for s, r in by_arm.get(baseline_of(arm), {}).items() if "refused" not in r}
         seeds = sorted(s for s in rs if s in base)
-        ratios = tokens_ratios(rs, base)
+        ratios, curves = tokens_ratios(rs, base), [r["curve"] for r in rs.values() if r.get("curve")]
         row = {"ids": [arm], "lines": arm_lines(arm), "seeds": len(rs),
                "accuracies": [rs[s]["final_accuracy"] for s in sorted(rs)],
                "accuracy_mean": statistics.mean(rs[s]["final_accuracy"] for s in rs),
@@ -395,6 +395,7 @@ def summarize(runs: list[dict], arms: list[str]) -> dict[str, dict]:
                "wall_seconds": statistics.mean(r["wall_seconds"] for r in rs.values()),
                "tokens_ratio": statistics.mean(ratios) if ratios else None, "reached": len(ratios),
                "tokens_ratio_ci95": _interval(ratios),
+               "curve": mean_curve(curves) if curves else None,  # accuracy over generated tokens, mean over seeds
                "zero_signal_share": _mean([r.get("zero_signal_share") for r in rs.values()]),
                "control": metric_means([r.get("control", {}) for r in rs.values()]),  # mean of the runs' means
                "departs_at": departs_at(rs, base)}

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
+
+import numpy as np
 
 RULE = ("Δ: the arm's greedy accuracy minus its baseline's, in points, paired by seed and by prompt (the same "
         "eval prompts on a seed); [95% CI]: the paired t interval over seeds (rollwise.bench.stats); verdict "
@@ -145,10 +148,77 @@ def to_html(ledger: dict) -> str:
             + "<p>" + html.escape(RULE) + "</p>" + "".join(parts) + "</body></html>")
 
 
-def write_ledger(ledger: dict, out: Path) -> str:
-    """Write ``ledger.json``, ``ledger.md`` and ``ledger.html`` into ``out``; returns the markdown."""
+def mean_curve(curves: list[list], points: int = 21) -> list[list[float]]:
+    """The seeds' accuracy curves (``[generated tokens, accuracy]`` at each eval), each linearly
+    interpolated between its evals and averaged on a common grid of ``points`` token counts, from 0 to
+    the shortest run's last eval.
+
+    >>> mean_curve([[[0, .2], [100, .4]], [[0, .4], [50, .5], [120, .5]]], points=3)
+    [[0.0, 0.3], [50.0, 0.4], [100.0, 0.45]]
+    """
+    end = min(c[-1][0] for c in curves)
+    grid = np.linspace(0, end, points)
+    ys = np.mean([np.interp(grid, [t for t, _ in c], [a for _, a in c]) for c in curves], axis=0)
+    return [[round(float(x), 6), round(float(y), 6)] for x, y in zip(grid, ys)]
+
+
+def plot_curves(ledger: dict, runs: dict[str, list[dict]], path: Path) -> bool:
+    """``curves.png``: one panel per method (an arm's first id; a regime's arms apart), its arms' mean
+    accuracy curves over generated tokens (``mean_curve``) against their baseline's and the noise
+    floor's, every seed's own curve faint beneath (``runs``: records per task). False: no arm had a
+    curve, nothing drawn."""
+    from rollwise.report.html import COLOURS
+    from rollwise.report.plots import _pyplot
+
+    panels = []  # (task, title, the arms' baseline, the arms)
+    for task, table in ledger["tasks"].items():
+        groups: dict[tuple[str, str | None], list[str]] = {}
+        for arm, row in table.items():
+            body, regime = arm.partition("@")[0], regime_of(arm)
+            if row.get("curve") and body not in ("baseline", "noise_floor"):
+                groups.setdefault((body.split("+")[0], regime), []).append(arm)
+        panels += [(task, method + (f"@{regime}" if regime else ""), "baseline" + (f"@{regime}" if regime else ""),
+                    arms) for (method, regime), arms in groups.items()]
+    if not panels:
+        return False
+    plt = _pyplot()
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False, dpi=90, sharey=True)
+    for ax, (task, title, base, arms) in zip(axes.flat, panels):
+        table, records = ledger["tasks"][task], runs.get(task, [])
+        lines = [(base, "black"), *([("noise_floor", "grey")] if base == "baseline" else []),
+                 *((arm, COLOURS[i % len(COLOURS)]) for i, arm in enumerate(arms))]
+        for arm, colour in lines:
+            if not table.get(arm, {}).get("curve"):
+                continue
+            for r in (r for r in records if r["arm"] == arm and r.get("curve")):
+                ax.plot(*zip(*r["curve"]), "-", color=colour, alpha=0.15, linewidth=0.7)
+            style = "--" if arm == "noise_floor" else "-"
+            ax.plot(*zip(*table[arm]["curve"]), style, color=colour, linewidth=1.6,
+                    label=f"{arm} ({table[arm]['seeds']} seed{'s' if table[arm]['seeds'] > 1 else ''})")
+        ax.set_title(f"{task}: {title}", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.set_xlabel("generated tokens", fontsize=7)
+        ax.legend(fontsize=6, loc="lower right")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("greedy eval accuracy (mean over seeds)", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def write_ledger(ledger: dict, out: Path, runs: dict[str, list[dict]] | None = None) -> str:
+    """Write ``ledger.json``, ``ledger.md``, ``ledger.html`` and (with the ``runs``' records per task)
+    ``curves.png`` into ``out``; returns the markdown."""
     (out / "ledger.json").write_text(json.dumps(ledger, indent=2))
+    drawn = runs is not None and plot_curves(ledger, runs, out / "curves.png")
     md = to_markdown(ledger)
+    if drawn:
+        md += "\n![every arm's accuracy over generated tokens, against its baseline](curves.png)\n"
     (out / "ledger.md").write_text(md + "\n")
     (out / "ledger.html").write_text(to_html(ledger))
     return md

@@ -6,19 +6,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rollwise.bench.ablate import (
-    BASELINE,
-    NOISE_FLOOR,
-    all_arms,
-    arm_lines,
-    default_arms,
-    load_ablate_config,
-    progress,
-    ratio_presets,
-    read_results,
-    summarize,
-)
-from rollwise.bench.ledger import cells, to_markdown
+from rollwise.bench.ablate import all_arms, load_ablate_config, progress, read_results
+from rollwise.bench.arms import BASELINE, arm_lines, default_arms, ratio_presets
+from rollwise.bench.harness import NOISE_FLOOR
+from rollwise.bench.ledger import cells, summarize, to_markdown
 from rollwise.bench.stats import NO_DIFFERENCE
 from rollwise.config import ConfigError
 

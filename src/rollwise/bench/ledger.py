@@ -1,8 +1,18 @@
-"""The ablation ledger's pages: ``ledger.md`` and ``ledger.html`` from ``bench ablate``'s summary.
+"""The ablation ledger: ``bench ablate``'s runs summarized per arm, and its pages.
 
-One table per task and regime (the ledger's own setting first, then each off-policy regime
-against its own baseline); the noise-floor row's verdict is repeated above the tables, since
-the rule is only as good as that row.
+``summarize``, per arm and task: accuracy at the budget (mean over seeds); the effect against its
+baseline, paired by seed and prompt, with its 95% t interval over seeds, p and verdict
+(``rollwise.bench.stats``), and its p adjusted over its regime's method arms (Holm); the first step
+at which its runs depart from the baseline's (``departs_at``: earliest over seeds; None = identical
+for the whole budget); generated tokens to the baseline's final accuracy, with its interval; the
+accuracy curve over generated tokens (``mean_curve``); the share of trained groups without reward
+spread; what its controller did (``control/*``, mean per step); wall time. Arms whose runs are
+identical on every seed — per-step trace and every eval's per-prompt correctness — are one
+computation at these settings and are reported once, with every id (``ids``).
+
+The pages: one table per task and regime (the ledger's own setting first, then each off-policy
+regime against its own baseline); the noise-floor row's verdict is repeated above the tables, since
+the rule is only as good as that row; ``curves.png`` draws each method's arms' curves.
 """
 
 from __future__ import annotations
@@ -10,9 +20,14 @@ from __future__ import annotations
 import html
 import json
 import math
+import statistics
 from pathlib import Path
 
 import numpy as np
+
+from rollwise.bench.arms import arm_lines, baseline_of, split_arm
+from rollwise.bench.harness import NOISE_FLOOR, departs_at, metric_means, paired, tokens_ratios
+from rollwise.bench.stats import add_holm, identical_groups, seed_test, verdict
 
 RULE = ("Δ: the arm's greedy accuracy minus its baseline's, in points, paired by seed and by prompt (the same "
         "eval prompts on a seed); [95% CI]: the paired t interval over seeds (rollwise.bench.stats); verdict "
@@ -31,8 +46,122 @@ COLUMNS = ("arm", "config line", "accuracy", "Δ vs baseline [95% CI]", "p", "n"
            "tokens to baseline's final", "zero-signal groups", "wall s", "verdict")
 
 
+# -- the summary ---------------------------------------------------------------------------
+def _effect(rs: dict[int, dict], base: dict[int, dict], seeds: list[int]) -> dict:
+    """The paired effect on per-prompt correctness (records of an older ablation without it: on the
+    per-seed accuracies alone, the same t rule)."""
+    if effect := paired({s: rs[s] for s in seeds}, base, lambda r: r.get("correct")):
+        return effect | {"seeds": len(seeds)}
+    diffs = [rs[s]["final_accuracy"] - base[s]["final_accuracy"] for s in seeds]
+    mean, ci, p = seed_test(diffs)
+    return {"difference": mean, "ci95": None if ci is None else list(ci), "p": p, "seed_differences": diffs,
+            "seeds": len(seeds), "pairs": None, "prompt_se": None, "verdict": verdict(ci, p)}
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """The mean over the runs that recorded the value (None: none did)."""
+    kept = [v for v in values if v is not None]
+    return statistics.mean(kept) if kept else None
+
+
+def _interval(values: list[float]) -> list[float] | None:
+    """The 95% t interval of the mean over seeds (None below two values)."""
+    ci = seed_test(values)[1] if len(values) >= 2 else None
+    return None if ci is None else list(ci)
+
+
+def _fingerprint(record: dict) -> str | None:
+    """What makes two runs the same computation: every step's trace and every eval's correctness per prompt."""
+    if "trace" not in record:
+        return None
+    return json.dumps([record["trace"], record["eval_correct"]])
+
+
+def summarize(runs: list[dict], arms: list[str]) -> dict[str, dict]:
+    """Per arm: accuracy at the budget; the paired effect against its baseline (``rollwise.bench.stats``);
+    the first step its runs depart from the baseline's; tokens to the baseline's final accuracy; wall
+    time (or the refusal). Arms identical on every seed share one row, keyed by the first, with ``ids``."""
+    by_arm: dict[str, dict[int, dict]] = {}
+    for r in runs:
+        by_arm.setdefault(r["arm"], {})[r["seed"]] = r
+    table = {}
+    for arm in arms:
+        rs = by_arm.get(arm, {})
+        if not rs:
+            continue
+        refused = next((r["refused"] for r in rs.values() if "refused" in r), None)
+        if refused is not None:
+            table[arm] = {"ids": [arm], "lines": arm_lines(arm), "refused": refused}
+            continue
+        base = {s: r for s, r in by_arm.get(baseline_of(arm), {}).items() if "refused" not in r}
+        seeds = sorted(s for s in rs if s in base)
+        ratios, curves = tokens_ratios(rs, base), [r["curve"] for r in rs.values() if r.get("curve")]
+        row = {"ids": [arm], "lines": arm_lines(arm), "seeds": len(rs),
+               "accuracies": [rs[s]["final_accuracy"] for s in sorted(rs)],
+               "accuracy_mean": statistics.mean(rs[s]["final_accuracy"] for s in rs),
+               "steps_mean": statistics.mean(r.get("steps", 0) for r in rs.values()),
+               "wall_seconds": statistics.mean(r["wall_seconds"] for r in rs.values()),
+               "tokens_ratio": statistics.mean(ratios) if ratios else None, "reached": len(ratios),
+               "tokens_ratio_ci95": _interval(ratios),
+               "curve": mean_curve(curves) if curves else None,  # accuracy over generated tokens, mean over seeds
+               "zero_signal_share": _mean([r.get("zero_signal_share") for r in rs.values()]),
+               "control": metric_means([r.get("control", {}) for r in rs.values()]),  # mean of the runs' means
+               "departs_at": departs_at(rs, base)}
+        if seeds and arm != baseline_of(arm):
+            row |= _effect(rs, base, seeds)
+        elif seeds:
+            row |= {"difference": 0.0, "verdict": "baseline"}
+        table[arm] = row
+    return _with_holm(_merge_identical(table, by_arm))
+
+
+def _with_holm(table: dict[str, dict]) -> dict[str, dict]:
+    """Each method arm's Holm-adjusted p (``p_holm``) over the arms of its regime: the baseline and the
+    noise floor (the rule's own check) are not in the family."""
+    for regime in dict.fromkeys(split_arm(arm)[1] for arm in table):
+        add_holm(table, [arm for arm in table if split_arm(arm)[1] == regime and arm != baseline_of(arm)
+                         and split_arm(arm)[0] != NOISE_FLOOR])
+    return table
+
+
+def _merge_identical(table: dict[str, dict], by_arm: dict[str, dict[int, dict]]) -> dict[str, dict]:
+    """One row per group of arms of one regime whose runs are identical on every seed, kept under the
+    regime's baseline (an arm identical to the baseline is the baseline) or else its first arm,
+    listing every id."""
+    prints = {arm: {s: _fingerprint(r) for s, r in by_arm[arm].items()} for arm, row in table.items()
+              if "refused" not in row and all(_fingerprint(r) is not None for r in by_arm[arm].values())}
+    regimes = dict.fromkeys(split_arm(arm)[1] for arm in prints)
+    merged = dict(table)
+    for group in (g for r in regimes for g in identical_groups({a: p for a, p in prints.items()
+                                                                if split_arm(a)[1] == r})):
+        if len(group) < 2:
+            continue
+        keep = next((a for a in group if a == baseline_of(a)), group[0])  # a baseline keeps its row
+        ids = [keep, *(a for a in group if a != keep)]
+        merged[keep] = table[keep] | {"ids": ids, "lines": list(dict.fromkeys(x for a in ids for x in arm_lines(a)))}
+        for arm in group:
+            if arm != keep:
+                del merged[arm]
+    return merged
+
+
+def mean_curve(curves: list[list], points: int = 21) -> list[list[float]]:
+    """The seeds' accuracy curves (``[generated tokens, accuracy]`` at each eval), each linearly
+    interpolated between its evals and averaged on a common grid of ``points`` token counts, from 0 to
+    the shortest run's last eval.
+
+    >>> mean_curve([[[0, .2], [100, .4]], [[0, .4], [50, .5], [120, .5]]], points=3)
+    [[0.0, 0.3], [50.0, 0.4], [100.0, 0.45]]
+    """
+    end = min(c[-1][0] for c in curves)
+    grid = np.linspace(0, end, points)
+    ys = np.mean([np.interp(grid, [t for t, _ in c], [a for _, a in c]) for c in curves], axis=0)
+    return [[round(float(x), 6), round(float(y), 6)] for x, y in zip(grid, ys)]
+
+
+# -- the pages -----------------------------------------------------------------------------
 def regime_of(arm: str) -> str | None:
-    return arm.partition("@")[2] or None
+    return split_arm(arm)[1]
 
 
 def delta(row: dict) -> str:
@@ -148,20 +277,6 @@ def to_html(ledger: dict) -> str:
             + "<p>" + html.escape(RULE) + "</p>" + "".join(parts) + "</body></html>")
 
 
-def mean_curve(curves: list[list], points: int = 21) -> list[list[float]]:
-    """The seeds' accuracy curves (``[generated tokens, accuracy]`` at each eval), each linearly
-    interpolated between its evals and averaged on a common grid of ``points`` token counts, from 0 to
-    the shortest run's last eval.
-
-    >>> mean_curve([[[0, .2], [100, .4]], [[0, .4], [50, .5], [120, .5]]], points=3)
-    [[0.0, 0.3], [50.0, 0.4], [100.0, 0.45]]
-    """
-    end = min(c[-1][0] for c in curves)
-    grid = np.linspace(0, end, points)
-    ys = np.mean([np.interp(grid, [t for t, _ in c], [a for _, a in c]) for c in curves], axis=0)
-    return [[round(float(x), 6), round(float(y), 6)] for x, y in zip(grid, ys)]
-
-
 def plot_curves(ledger: dict, runs: dict[str, list[dict]], path: Path) -> bool:
     """``curves.png``: one panel per method (an arm's first id; a regime's arms apart), its arms' mean
     accuracy curves over generated tokens (``mean_curve``) against their baseline's and the noise
@@ -174,7 +289,7 @@ def plot_curves(ledger: dict, runs: dict[str, list[dict]], path: Path) -> bool:
     for task, table in ledger["tasks"].items():
         groups: dict[tuple[str, str | None], list[str]] = {}
         for arm, row in table.items():
-            body, regime = arm.partition("@")[0], regime_of(arm)
+            body, regime = split_arm(arm)
             if row.get("curve") and body not in ("baseline", "noise_floor"):
                 groups.setdefault((body.split("+")[0], regime), []).append(arm)
         panels += [(task, method + (f"@{regime}" if regime else ""), "baseline" + (f"@{regime}" if regime else ""),

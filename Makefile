@@ -82,6 +82,7 @@ smollm2-mixed-ledger: $(MIXED_SFT)/done
 	for lane in 0 1; do OMP_NUM_THREADS=1 $(BIN)/rollwise bench ablate $(MIXED_SETS) --set shard=$$lane/2 \
 		> $(MIXED_OUT).$$lane.log 2>&1 & done; wait
 	OMP_NUM_THREADS=1 $(BIN)/rollwise bench ablate $(MIXED_SETS) --json docs/data/ledger-smollm2-mixed.json
+	cp $(MIXED_OUT)/curves.png docs/ledger-smollm2-mixed-curves.png
 
 # issue 24: the tiny model with a calculator vs without, 3 seeds, the same generated-token budget; each seed's
 # two arms side by side (one torch thread each), then the table README.md quotes (docs/data/tiny_calculator.json)

@@ -228,6 +228,20 @@ def test_tokens_ratio_has_its_interval():
     assert "0.50× (5/5) [0.50, 0.50]" in cells("objective:dapo", table["objective:dapo"])
 
 
+def test_tokens_ratio_is_a_geometric_mean_with_a_positive_interval():
+    """Seeds at 0.5x, 2x and 1x the baseline's tokens: 1x (an arithmetic mean says 1.2x); the interval,
+    taken on the log scale, stays above 0 and is symmetric about 1 in ratio."""
+    runs, arms = ledger_runs()
+    tokens = {0: 50, 1: 200, 2: 100, 3: 50, 4: 200}  # the baseline reaches its final .5 at 100 tokens on every seed
+    for r in runs:
+        if r["arm"] == "objective:dapo":
+            r["curve"] = [(0, 0.3), (tokens[r["seed"]], 0.5 + 0.1)]
+    row = summarize(runs, arms)["objective:dapo"]
+    assert row["tokens_ratio"] == pytest.approx(1.0)  # (0.5 · 2 · 1 · 0.5 · 2)^(1/5); arithmetic: 1.2
+    lo, hi = row["tokens_ratio_ci95"]
+    assert 0 < lo < 1 < hi and lo * hi == pytest.approx(1.0)  # symmetric about 1 on the log scale
+
+
 def test_zero_signal_share_and_controller_metrics_per_arm_also_for_older_records(tmp_path):
     """A record keeps its run's share of trained groups without reward spread (steps weighted by their
     trained groups) and its controller's mean metrics; a record written before it did gets both from

@@ -39,8 +39,8 @@ from typing import Literal
 from pydantic import Field
 
 from rollwise.bench.harness import (NOISE_FLOOR, GrpoBenchConfig, departs_at, grid, load_settings, paired,
-                                    ratio_cell, rl_sets, seed_sets, session, table, threads_set, tokens_to_reach,
-                                    train_run, warm_start, write_json)
+                                    ratio_cell, ratio_mean, rl_sets, seed_sets, session, table, threads_set,
+                                    tokens_to_reach, train_run, warm_start, write_json)
 from rollwise.bench.ledger import delta, verdict_cell
 from rollwise.bench.stats import add_holm
 from rollwise.config import ConfigError
@@ -176,7 +176,7 @@ def summarize(runs: dict[str, list[dict]], arms: list[str], steps: int) -> dict[
             "staleness": {str(k): v for k, v in
                           staleness_histogram([m for r in rs for m in r["step_metrics"]]).items()},
             "idle_fraction": idle,
-            "tokens_ratio": statistics.mean(token_ratios) if token_ratios else None, "reached": len(token_ratios),
+            "tokens_ratio": ratio_mean(token_ratios)[0], "reached": len(token_ratios),
             "tokens_at_steps": statistics.mean(c["tokens"] for c in ends),
             "final_accuracy_mean": statistics.mean(r["final_accuracy"] for r in rs), "seeds": len(rs),
         } | ({} if arm == "sync" else effect_at_steps(rs, base, steps))

@@ -36,9 +36,9 @@ import torch
 from pydantic import Field
 
 from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, departs_at, grid, load_settings, metric_means,
-                                    paired, ratio_cell, rl_sets, seed_sets, session, table, task_sets, task_warm_start,
-                                    threads_set, tokens_ratios, tokens_to_reach, train_run, write_json,
-                                    zero_signal_share)
+                                    paired, ratio_cell, ratio_mean, rl_sets, seed_sets, session, table, task_sets,
+                                    task_warm_start, threads_set, tokens_ratios, tokens_to_reach, train_run,
+                                    write_json, zero_signal_share)
 from rollwise.bench.ledger import control_line, delta, verdict_cell
 from rollwise.bench.stats import add_holm
 from rollwise.control import CONTROLLERS, EPISODES_ONLY
@@ -106,7 +106,7 @@ def summarize(runs: dict[str, list[dict]], arms: list[str]) -> dict[str, dict]:
         table[arm] = {
             "accuracy_mean": statistics.mean(acc), "accuracy_spread": max(acc) - min(acc), "accuracies": acc,
             "initial_accuracy": rs[0]["initial_accuracy"],
-            "tokens_ratio": statistics.mean(ratios) if ratios else None, "reached": len(ratios), "seeds": len(rs),
+            "tokens_ratio": ratio_mean(ratios)[0], "reached": len(ratios), "seeds": len(rs),
             "zero_signal_share": statistics.mean(zero_signal_share(r["step_metrics"]) for r in rs),
             "wall_seconds": statistics.mean(r["wall_seconds"] for r in rs),
             "steps": statistics.mean(r["steps"] for r in rs), "control": control,

@@ -21,6 +21,7 @@ Nothing here knows an arm: the benches say what their arms are.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import statistics
 import subprocess
@@ -38,7 +39,7 @@ import torch
 from pydantic import Field
 from rich.table import Table
 
-from rollwise.bench.stats import correct_string, departure_step, paired_effect
+from rollwise.bench.stats import correct_string, departure_step, paired_effect, seed_test
 from rollwise.config import StrictModel, apply_overrides, validate
 from rollwise.report.runs import read_jsonl
 
@@ -325,6 +326,22 @@ def tokens_ratios(mine: Mapping[int, dict], base: Mapping[int, dict]) -> list[fl
         if reached is not None and theirs:
             out.append(reached / theirs)
     return out
+
+
+def ratio_mean(ratios: list[float]) -> tuple[float | None, list[float] | None]:
+    """The geometric mean of per-seed ratios and its 95% t interval over seeds, taken on the log
+    scale and mapped back (None below one ratio / two): a ratio's interval stays positive, and 2× and
+    0.5× lie equally far from 1.
+
+    >>> ratio_mean([0.5, 2.0])[0]
+    1.0
+    >>> ratio_mean([0.5, 0.5, 0.5])
+    (0.5, [0.5, 0.5])
+    """
+    if not ratios:
+        return None, None
+    mean, ci, _ = seed_test([math.log(r) for r in ratios])
+    return round(math.exp(mean), 12), None if ci is None else [round(math.exp(x), 12) for x in ci]
 
 
 def zero_signal_share(step_metrics: list[dict]) -> float:

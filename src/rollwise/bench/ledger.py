@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from rollwise.bench.arms import arm_lines, baseline_of, split_arm
-from rollwise.bench.harness import NOISE_FLOOR, departs_at, metric_means, paired, tokens_ratios
+from rollwise.bench.harness import NOISE_FLOOR, departs_at, metric_means, paired, ratio_mean, tokens_ratios
 from rollwise.bench.stats import add_holm, identical_groups, seed_test, verdict
 
 RULE = ("Δ: the arm's greedy accuracy minus its baseline's, in points, paired by seed and by prompt (the same "
@@ -35,8 +35,8 @@ RULE = ("Δ: the arm's greedy accuracy minus its baseline's, in points, paired b
         "prompts per seed. Departs at step: the first step at which the arm's runs sampled other tokens or "
         "rewards than the baseline's on the same seed (earliest over seeds; \"never\": identical for the whole "
         "budget — the method had no occasion to act). Tokens to baseline's final: the generated tokens at the arm's "
-        "first eval at or above the baseline's final accuracy over the baseline's own, mean over the seeds that "
-        "reached it (reached/seeds) [95% t interval over those seeds]. Zero-signal groups: the share of trained "
+        "first eval at or above the baseline's final accuracy over the baseline's own, geometric mean over the "
+        "seeds that reached it (reached/seeds) [95% t interval over those seeds, on the log scale]. Zero-signal groups: the share of trained "
         "groups whose rewards did not spread (nothing trains on them), mean over the arm's runs. Ids joined by ≡: runs identical on every seed, one "
         "computation at these settings, reported once. The noise floor is the baseline again with other "
         "sampling seeds: it reads \"no detectable difference\" in 95% of ledgers; when it does not, distrust "
@@ -62,12 +62,6 @@ def _mean(values: list[float | None]) -> float | None:
     """The mean over the runs that recorded the value (None: none did)."""
     kept = [v for v in values if v is not None]
     return statistics.mean(kept) if kept else None
-
-
-def _interval(values: list[float]) -> list[float] | None:
-    """The 95% t interval of the mean over seeds (None below two values)."""
-    ci = seed_test(values)[1] if len(values) >= 2 else None
-    return None if ci is None else list(ci)
 
 
 def _fingerprint(record: dict) -> str | None:
@@ -96,13 +90,13 @@ def summarize(runs: list[dict], arms: list[str]) -> dict[str, dict]:
         base = {s: r for s, r in by_arm.get(baseline_of(arm), {}).items() if "refused" not in r}
         seeds = sorted(s for s in rs if s in base)
         ratios, curves = tokens_ratios(rs, base), [r["curve"] for r in rs.values() if r.get("curve")]
+        ratio, ratio_ci = ratio_mean(ratios)  # geometric: 2x and 0.5x equally far from 1
         row = {"ids": [arm], "lines": arm_lines(arm), "seeds": len(rs),
                "accuracies": [rs[s]["final_accuracy"] for s in sorted(rs)],
                "accuracy_mean": statistics.mean(rs[s]["final_accuracy"] for s in rs),
                "steps_mean": statistics.mean(r.get("steps", 0) for r in rs.values()),
                "wall_seconds": statistics.mean(r["wall_seconds"] for r in rs.values()),
-               "tokens_ratio": statistics.mean(ratios) if ratios else None, "reached": len(ratios),
-               "tokens_ratio_ci95": _interval(ratios),
+               "tokens_ratio": ratio, "reached": len(ratios), "tokens_ratio_ci95": ratio_ci,
                "curve": mean_curve(curves) if curves else None,  # accuracy over generated tokens, mean over seeds
                "zero_signal_share": _mean([r.get("zero_signal_share") for r in rs.values()]),
                "control": metric_means([r.get("control", {}) for r in rs.values()]),  # mean of the runs' means

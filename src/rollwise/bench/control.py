@@ -18,8 +18,8 @@ Reported per task and arm:
   difference";
 - generated tokens to reach the baseline's final accuracy: for each seed, the first eval at
   which the arm's accuracy is at least the same seed's ``none`` final accuracy, as a ratio to
-  the tokens ``none`` itself took to first reach it (mean over the seeds that reached it;
-  ``reached`` counts them);
+  the tokens ``none`` itself took to first reach it (geometric mean over the seeds that reached
+  it; ``reached`` counts them);
 - the share of trained groups with zero signal (all rewards equal), over every step;
 - wall time per run (mean), and the controller's own metrics (``control/*``, step means).
 

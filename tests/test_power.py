@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from rollwise.bench.power import components, power, seeds_needed
+from rollwise.bench.power import components, minimal_effect, power, seeds_needed
 
 
 def test_with_no_effect_the_rule_speaks_about_5_percent_of_the_time():
@@ -30,6 +30,15 @@ def test_seeds_needed_is_the_first_count_that_reaches_the_target():
     s = seeds_needed(0.05, sd_seed=0.05, sd_prompt=0.45, prompts=1000)
     assert s is not None and power(0.05, 0.05, 0.45, s, 1000) >= 0.8 > power(0.05, 0.05, 0.45, s - 1, 1000)
     assert seeds_needed(0.05, sd_seed=0.5, sd_prompt=0.45, prompts=1000, max_seeds=10) is None
+
+
+def test_the_minimal_effect_is_where_the_power_reaches_the_target():
+    mde = minimal_effect(sd_seed=0.02, sd_prompt=0.34, seeds=5, prompts=1000)
+    assert power(mde, 0.02, 0.34, 5, 1000) >= 0.8 > power(mde - 0.002, 0.02, 0.34, 5, 1000)
+    more = minimal_effect(sd_seed=0.02, sd_prompt=0.34, seeds=10, prompts=1000)
+    strict = minimal_effect(sd_seed=0.02, sd_prompt=0.34, seeds=5, prompts=1000, level=1 - 0.005)
+    assert more < mde < strict  # more seeds see less; a family-wise reading needs more
+    assert minimal_effect(sd_seed=0.5, sd_prompt=0.34, seeds=2, prompts=1000) is None
 
 
 def test_components_take_the_prompt_noise_out_of_the_seed_spread():
@@ -67,6 +76,7 @@ def test_bench_power_reads_a_ledgers_noise_floor(tmp_path):
     plan = data["plans"][0]
     assert plan["power"]["3"] < plan["power"]["5"] and plan["seeds_needed"] == seeds_needed(
         0.05, data["pilot"]["sd_seed"], 0.4, 200)
+    assert plan["minimal_effect"]["5"] == minimal_effect(data["pilot"]["sd_seed"], 0.4, 5, 200)
     family = tmp_path / "family.json"  # ten arms read family-wise: the power at α / 10, fewer verdicts
     result = CliRunner().invoke(app, ["bench", "power", "--set", f"ledger={ledger}", "--set", "task=arith",
                                       "--set", "prompts=[200]", "--set", "seeds=[3,5]", "--set", "family=10",

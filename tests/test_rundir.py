@@ -3,6 +3,7 @@ left as it was) unless told ``--overwrite``; ``--resume`` continues it, with onl
 not change what the run computed allowed to change (recorded in ``config_changes.jsonl``)."""
 
 import json
+import re
 
 import pytest
 import yaml
@@ -129,6 +130,30 @@ def test_a_stop_the_schedule_depends_on_is_refused(tmp_path):
     with Trainer(load_run_config(None, [*sets, "train.steps=4"])) as t:
         with pytest.raises(ConfigError, match="optim.schedule=cosine decays the LR over train.steps"):
             t.prepare(resume=True)
+
+
+def test_a_precision_key_may_name_the_dtype_auto_resolved_to_and_nothing_else(tmp_path):
+    """auto → float32 on resume is the same computation when auto resolved to float32 at the run's
+    start (state.json records it): allowed and recorded; auto → bfloat16 is refused, naming why."""
+    from rollwise.train.resume import ResumeRefused
+
+    sets = [f"output_dir={tmp_path}", "name=p", *FAST]
+    with Trainer(load_run_config(None, [*sets, "train.steps=1"])) as t:
+        t.prepare()
+        t.fit()
+    state = json.loads((tmp_path / "p" / "checkpoints" / "step_000001" / "state.json").read_text())
+    assert state["precision"] == {"rollout.engine_dtype": "float32", "optim.compute_dtype": "float32"}
+    with Trainer(load_run_config(None, [*sets, "train.steps=2", "rollout.engine_dtype=bfloat16"])) as t:
+        with pytest.raises(ResumeRefused, match=re.escape('rollout.engine_dtype: "auto" → "bfloat16" (the run '
+                                                          'computes in float32)')):
+            t.prepare(resume=True)
+    pinned = ["train.steps=2", "rollout.engine_dtype=float32", "optim.compute_dtype=float32"]
+    with Trainer(load_run_config(None, [*sets, *pinned])) as t:
+        t.prepare(resume=True)
+        t.fit()
+    lines = [json.loads(x) for x in (tmp_path / "p" / "config_changes.jsonl").read_text().splitlines()]
+    assert {(x["key"], x["old"], x["new"]) for x in lines} >= {("rollout.engine_dtype", "auto", "float32"),
+                                                              ("optim.compute_dtype", "auto", "float32")}
 
 
 def test_config_changes_compare_leaves_and_sections():

@@ -12,8 +12,9 @@ per prompt, every eval's, and its per-step trace (tokens sampled, mean reward).
 
 Resumable: every finished run is appended to ``OUT/results.jsonl`` and the warm starts stay in
 ``OUT/warm_<task>``; the eval of a start is computed once and kept in ``OUT/eval_cache``
-(``train.eval_cache``: every run from one start reads it); a killed ablation started again with the same ``out`` skips what is done
-(``checkpoint_every``: a killed run itself resumes from its last checkpoint). ``shard=i/n`` splits
+(``train.eval_cache``: every run from one start reads it); a killed ablation started again with the
+same ``out`` skips what is done (``checkpoint_every``: a killed run itself resumes from its last
+checkpoint; one whose checkpoint the settings now contradict stops the ablation, ``ResumeRefused``). ``shard=i/n`` splits
 the runs over n processes sharing ``out`` (each appends to its own ``results.<i>.jsonl`` and reads
 every file; with the tiny tasks, let one make the warm starts first); a final run without a shard
 finds everything done and writes the ledger; ``run=false`` writes the ledger of what is finished so
@@ -44,6 +45,7 @@ from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, history, load_
 from rollwise.bench.ledger import summarize, write_ledger
 from rollwise.config import ConfigError
 from rollwise.report.runs import read_jsonl
+from rollwise.train.resume import ResumeRefused
 
 # the step metrics a run keeps: its share of trained groups without reward spread (the regime's measure)
 # and what its controller did (rounds, refills, picked pass rates: the method acted, and how much)
@@ -172,7 +174,8 @@ def progress(everything: list[tuple[str, int, str]], done: dict, out: Path, budg
     for task, seed, arm in everything:
         if (task, arm, seed) in done:
             continue
-        steps = [r for r in read_jsonl(out / "runs" / run_name(task, arm, seed) / "metrics.jsonl") if "tokens/total" in r]
+        rows = read_jsonl(out / "runs" / run_name(task, arm, seed) / "metrics.jsonl")
+        steps = [r for r in rows if "tokens/total" in r]
         if steps:
             begun.append({"task": task, "arm": arm, "seed": seed, "step": steps[-1]["step"],
                           "tokens": int(steps[-1]["tokens/total"]), "budget": budget(task)})
@@ -196,6 +199,8 @@ def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out
     try:
         run = train_run(sets, console, f"{task}: {arm}, seed {seed}", tokens=cfg.budget(task), recipe=cfg.recipe,
                         checkpoint_every=cfg.checkpoint_every, keep=KEEP)
+    except ResumeRefused:  # a begun run's checkpoint and these settings disagree: not the arm's refusal; stop
+        raise
     except ConfigError as e:
         return record | {"refused": str(e)}
     return record | run.record(seed) | {

@@ -347,7 +347,8 @@ def ratio_mean(ratios: list[float]) -> tuple[float | None, list[float] | None]:
 def zero_signal_share(step_metrics: list[dict]) -> float:
     """Trained groups with zero signal (no reward spread) over all steps / trained groups.
 
-    >>> zero_signal_share([{"groups/zero_signal": .5, "groups/trained": 8}, {"groups/zero_signal": 0, "groups/trained": 8}])
+    >>> zero_signal_share([{"groups/zero_signal": .5, "groups/trained": 8},
+    ...                    {"groups/zero_signal": 0, "groups/trained": 8}])
     0.25
     """
     zero = sum(m.get("groups/zero_signal", 0.0) * m.get("groups/trained", 0.0) for m in step_metrics)

@@ -42,6 +42,7 @@ from rollwise.filter.rewards import load_state, state_of
 from rollwise.model.lora import policy_state
 # reading a checkpoint's weights lives in model/ (a run directory is accepted wherever a model is); names kept here
 from rollwise.model.weights import latest_checkpoint, load_weights, tied_groups, weights_file  # noqa: F401
+from rollwise.train import precision
 from rollwise.train.state import TrainState
 
 
@@ -80,6 +81,7 @@ def restore_run(trainer, path: Path) -> None:
     model is loaded by ``load_reference`` once the reference exists."""
     t = trainer
     t.state = TrainState(**load_checkpoint(path, t.model, t.optimizer, t.scheduler))
+    precision.keep_start(t)  # the dtypes the run started with, before the engine takes the weights
     t.engine.load_weights(t.model)
     t.engine.version = t.state.step  # a token's version = optimizer steps before it was sampled
     if t.pool is not None:

@@ -132,7 +132,7 @@ class Trainer:
 
             self.pool = WorkerPool(cfg, self.model)
             self.pool.set_dtype(self.engine_dtype)
-        self.state = TrainState()
+        self.state = TrainState(precision=precision.start_record(self.engine_dtype, self.compute_dtype))
         self.pipeline: Pipeline | None = None  # train.mode=async: the producer thread (started by step())
         self.queued: list[ScoredBatch] = []  # async: batches a resumed checkpoint holds, generated but untrained
         self.ref_model = None
@@ -338,7 +338,8 @@ class Trainer:
         ckpt = rundir.check_start(self.run_dir, resume, overwrite)
         if ckpt is not None:  # keys that may change on resume apply and are recorded; others are refused first
             config = self.cfg.model_dump(mode="json")
-            self.config_changes = resume_rules.check_changes(self.run_dir, config)
+            started = resume_rules.start_precision(ckpt) or self.state.precision  # older checkpoints: this machine's
+            self.config_changes = resume_rules.check_changes(self.run_dir, config, started)
             restore_run(self, ckpt)
             if self.state.engine_fallback:  # the guard had moved the engine to fp32 before the checkpoint
                 self.guard.fall_back((self.engine, self.pool))

@@ -142,6 +142,38 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def start_record(engine_dtype: torch.dtype, compute_dtype: torch.dtype) -> dict[str, str]:
+    """What a run's precision keys resolved to at its start (``TrainState.precision``)."""
+    return {"rollout.engine_dtype": _name(engine_dtype), "optim.compute_dtype": _name(compute_dtype)}
+
+
+def keep_start(trainer) -> None:
+    """A resumed run computes in the precisions it started with (``TrainState.precision``), not
+    in what ``auto`` would choose on the machine it resumes on: a run begun in fp32 on an AVX2
+    machine stays fp32 on a bf16 one (and the reverse), with a warning naming both. A checkpoint
+    written before runs recorded their precision gets this session's from now on."""
+    t = trainer
+    here = start_record(t.engine_dtype, t.compute_dtype)
+    if t.state.precision is None:
+        t.state.precision = here
+        return
+    engine, compute = (getattr(torch, t.state.precision[k]) for k in ("rollout.engine_dtype", "optim.compute_dtype"))
+    if engine != t.engine_dtype:
+        log.warning("resuming in the precision the run started with: the engine samples in %s (here %s would: %s)",
+                    _name(engine), _name(t.engine_dtype), t.engine_dtype_reason)
+        t.engine_dtype, t.engine_dtype_reason = engine, (f"the run's start precision (resumed; here: "
+                                                        f"{t.engine_dtype_reason})")
+        t.guard.dtype = engine
+        for e in (t.engine, t.pool):
+            if e is not None and hasattr(e, "set_dtype"):
+                e.set_dtype(engine)
+    if compute != t.compute_dtype:
+        log.warning("resuming in the precision the run started with: the update computes in %s (here %s would: %s)",
+                    _name(compute), _name(t.compute_dtype), t.compute_dtype_reason)
+        t.compute_dtype, t.compute_dtype_reason = compute, (f"the run's start precision (resumed; here: "
+                                                            f"{t.compute_dtype_reason})")
+
+
 def summary(guard: MismatchGuard, update: tuple[torch.dtype, str] | None = None) -> dict:
     """What ``summary.json`` records of the machine, the sampling precision and (``update``: the
     ``choose_update`` result) the update's compute dtype and why."""

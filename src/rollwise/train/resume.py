@@ -8,7 +8,9 @@ describe the same computation. Guaranteed:
   it uses: none changes what a step computes. A stop is refused too when the run's computation
   depends on it (``STOP_BOUND``: a cosine/linear LR schedule decays over ``train.steps``; ReMix
   moves its reference at a fraction of the run's budget);
-- any other changed key is refused (``ConfigError``) naming the key, its old and new value and why,
+- ``rollout.engine_dtype`` / ``optim.compute_dtype`` may change between ``auto`` and the dtype
+  ``auto`` resolved to when the run started (``TrainState.precision``): the same computation;
+- any other changed key is refused (``ResumeRefused``, a ``ConfigError``) naming the key, its old and new value and why,
   before the checkpoint is loaded — ``optim.lr``, say, would otherwise be overridden by the
   optimizer state the checkpoint restores, while ``rollout.num_generations`` would silently apply;
 - an allowed change applies for real (the trainer is built from the new config), ``config.yaml``
@@ -39,6 +41,9 @@ RESUMABLE = {
     "model.threads": "CPU threads", "train.generation_threads": "CPU threads", "train.update_threads": "CPU threads",
 }
 IDENTITY = ("name", "output_dir")  # the run directory itself: equal by construction
+# a precision key changed between `auto` and a dtype is the same computation when `auto` resolved to that dtype
+# at the run's start (TrainState.precision): allowed, recorded
+PRECISION_KEYS = ("rollout.engine_dtype", "optim.compute_dtype")
 
 # why a section's keys may not change: what the checkpoint holds or the steps done were computed with
 REASONS = {
@@ -85,30 +90,50 @@ def stop_bound(old: dict, key: str) -> str | None:
     return None
 
 
-def refusal(old: dict, change: Change) -> str | None:
-    """Why ``change`` may not be made on resume, or None when it may."""
+class ResumeRefused(ConfigError):
+    """A resume refused because the config describes another computation than the checkpoint's."""
+
+
+def refusal(old: dict, change: Change, precision: dict | None = None) -> str | None:
+    """Why ``change`` may not be made on resume, or None when it may (``precision``: what the run's
+    precision keys resolved to at its start)."""
+    if change.key in PRECISION_KEYS:
+        if precision is None:  # not known before the model loads: judged again by Trainer.prepare
+            return None
+        resolved = [precision.get(change.key, v) if v == "auto" else v for v in (change.old, change.new)]
+        return None if resolved[0] == resolved[1] else f"the run computes in {resolved[0]}"
     if change.key in RESUMABLE:
         return stop_bound(old, change.key) if RESUMABLE[change.key] == _STOP else None
     return REASONS.get(change.key.split(".")[0], "it changes what the run computes")
 
 
-def check_changes(run_dir: Path, new: dict) -> list[Change]:
+def check_changes(run_dir: Path, new: dict, precision: dict | None = None) -> list[Change]:
     """The changes resuming ``run_dir`` with config ``new`` (a resolved ``RunConfig`` dump) makes,
-    or a ConfigError naming each refused one with its reason and the two ways forward."""
+    or a ``ResumeRefused`` naming each refused one with its reason and the two ways forward.
+    ``precision``: the dtypes the run's precision keys resolved to at its start (``auto`` → that
+    dtype is no change of computation; None: not known yet, those keys are not judged)."""
     path = run_dir / "config.yaml"
     if not path.is_file():
         return []
     old = yaml.safe_load(path.read_text()) or {}
     changes = config_changes(old, new)
-    refused = [f"{c} ({why})" for c in changes if (why := refusal(old, c)) is not None]
+    refused = [f"{c} ({why})" for c in changes if (why := refusal(old, c, precision)) is not None]
     if refused:
         more = f"; and {len(refused) - 5} more" if len(refused) > 5 else ""
-        raise ConfigError(
+        raise ResumeRefused(
             f"--resume {run_dir}: {'; '.join(refused[:5])}{more}. On resume only the stop, eval and checkpoint "
             f"cadence, logging and threads may change ({', '.join(RESUMABLE)}). Resume with the values the run "
             f"started with (its own config: rollwise train {path} --resume), or start a new run from this one's "
             f"policy: --set model.path={run_dir} --set name=<new name>")
     return changes
+
+
+def start_precision(checkpoint: Path) -> dict | None:
+    """The precisions a checkpoint's run started in (``state.json``; None: written before runs recorded them)."""
+    try:
+        return json.loads((checkpoint / "state.json").read_text()).get("precision")
+    except (OSError, ValueError):
+        return None
 
 
 def record_changes(run_dir: Path, step: int, changes: list[Change], new: dict) -> None:

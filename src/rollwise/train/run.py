@@ -68,8 +68,8 @@ def run_training(cfg: RunConfig, resume: bool = False, console: Console | None =
     console = console or Console()
     tc = cfg.train
     run_dir = Path(cfg.output_dir) / cfg.name
-    if rundir.check_start(run_dir, resume, overwrite):  # refused before minutes of model loading
-        resume_rules.check_changes(run_dir, cfg.model_dump(mode="json"))
+    if ckpt := rundir.check_start(run_dir, resume, overwrite):  # refused before minutes of model loading
+        resume_rules.check_changes(run_dir, cfg.model_dump(mode="json"), resume_rules.start_precision(ckpt))
     with catch_interrupts() as interrupts, Trainer(cfg) as trainer, _progress(console) as bar:
         sft_bar = None
         if cfg.sft.steps and not resume:

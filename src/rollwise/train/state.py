@@ -25,6 +25,9 @@ class TrainState:
     reward_failures: dict = field(default_factory=dict)
     zero_signal_steps: int = 0  # steps in which no group had a reward spread (nothing trained)
     engine_fallback: bool = False  # the mismatch guard moved the engine to fp32 (train/precision.py): kept on resume
+    # the precisions `auto` (or the config) resolved to when the run started, by config key ("rollout.engine_dtype":
+    # "float32", "optim.compute_dtype": ...): a resumed run keeps them, on another machine too (train/precision.py)
+    precision: dict | None = None
     support_base: dict | None = None  # prompt id -> solved at the first sampled eval (support_diag: eval/support.py)
 
 

@@ -223,7 +223,7 @@ def test_the_guard_falls_back_to_fp32_under_auto(tmp_path, native_bf16_cpu, capl
 def test_a_run_resumed_on_another_machine_keeps_the_precision_it_started_in(tmp_path, monkeypatch, caplog):
     """Begun under auto on this AVX2 sample (fp32), resumed with its own config on a native-bf16 CPU:
     it goes on in fp32, with a warning, where auto there alone would sample and update in bf16 —
-    and a checkpoint that does not record its precision (an older one) does take the new machine's."""
+    and a checkpoint that does not record its precision (an older one) is taken as begun here."""
     import json
 
     import rollwise.hardware
@@ -251,6 +251,12 @@ def test_a_run_resumed_on_another_machine_keeps_the_precision_it_started_in(tmp_
     with trainer_for(tmp_path, "name=moved", "train.steps=3", *own) as t:
         t.prepare(resume=True)
         assert t.engine.dtype == torch.bfloat16 and t.state.precision["rollout.engine_dtype"] == "bfloat16"
+    # and pinning fp32 on such a checkpoint is judged against what auto picks here (bf16): refused
+    from rollwise.train.resume import ResumeRefused
+
+    with trainer_for(tmp_path, "name=moved", "train.steps=3", "rollout.engine_dtype=float32", *own) as t:
+        with pytest.raises(ResumeRefused, match="the run computes in bfloat16"):
+            t.prepare(resume=True)
 
 
 def test_the_guard_only_warns_when_bf16_was_asked_for(tmp_path, caplog):

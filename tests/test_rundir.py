@@ -134,7 +134,8 @@ def test_a_stop_the_schedule_depends_on_is_refused(tmp_path):
 
 def test_a_precision_key_may_name_the_dtype_auto_resolved_to_and_nothing_else(tmp_path):
     """auto → float32 on resume is the same computation when auto resolved to float32 at the run's
-    start (state.json records it): allowed and recorded; auto → bfloat16 is refused, naming why."""
+    start (state.json records it; an older checkpoint: what auto picks here): allowed and recorded;
+    auto → bfloat16 is refused, naming why."""
     from rollwise.train.resume import ResumeRefused
 
     sets = [f"output_dir={tmp_path}", "name=p", *FAST]
@@ -147,6 +148,8 @@ def test_a_precision_key_may_name_the_dtype_auto_resolved_to_and_nothing_else(tm
         with pytest.raises(ResumeRefused, match=re.escape('rollout.engine_dtype: "auto" → "bfloat16" (the run '
                                                           'computes in float32)')):
             t.prepare(resume=True)
+    del state["precision"]  # as a checkpoint written before runs recorded it: taken as begun here (AVX2: fp32)
+    (tmp_path / "p" / "checkpoints" / "step_000001" / "state.json").write_text(json.dumps(state))
     pinned = ["train.steps=2", "rollout.engine_dtype=float32", "optim.compute_dtype=float32"]
     with Trainer(load_run_config(None, [*sets, *pinned])) as t:
         t.prepare(resume=True)

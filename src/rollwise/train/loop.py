@@ -338,7 +338,7 @@ class Trainer:
         ckpt = rundir.check_start(self.run_dir, resume, overwrite)
         if ckpt is not None:  # keys that may change on resume apply and are recorded; others are refused first
             config = self.cfg.model_dump(mode="json")
-            started = resume_rules.start_precision(ckpt) or self.state.precision  # older checkpoints: this machine's
+            started = resume_rules.start_precision(ckpt) or precision.auto_record(self.model)  # older: auto here
             self.config_changes = resume_rules.check_changes(self.run_dir, config, started)
             restore_run(self, ckpt)
             if self.state.engine_fallback:  # the guard had moved the engine to fp32 before the checkpoint

@@ -147,6 +147,12 @@ def start_record(engine_dtype: torch.dtype, compute_dtype: torch.dtype) -> dict[
     return {"rollout.engine_dtype": _name(engine_dtype), "optim.compute_dtype": _name(compute_dtype)}
 
 
+def auto_record(model) -> dict[str, str]:
+    """What ``auto`` resolves the precision keys to on this machine (a checkpoint written before runs
+    recorded their precision is judged as if it had started here)."""
+    return start_record(choose("auto", model)[0], choose_update("auto", model)[0])
+
+
 def keep_start(trainer) -> None:
     """A resumed run computes in the precisions it started with (``TrainState.precision``), not
     in what ``auto`` would choose on the machine it resumes on: a run begun in fp32 on an AVX2

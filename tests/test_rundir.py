@@ -159,6 +159,13 @@ def test_a_precision_key_may_name_the_dtype_auto_resolved_to_and_nothing_else(tm
                                                               ("optim.compute_dtype", "auto", "float32")}
 
 
+def test_where_the_start_eval_is_cached_may_change_on_resume():
+    from rollwise.train.resume import Change, refusal
+
+    assert refusal({}, Change("train.eval_cache", "runs/a/eval_cache", "/elsewhere/eval_cache")) is None
+    assert refusal({}, Change("train.eval_size", 100, 200)) is not None  # what is evaluated: refused
+
+
 def test_config_changes_compare_leaves_and_sections():
     from rollwise.train.resume import config_changes
 

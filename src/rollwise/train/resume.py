@@ -4,8 +4,8 @@ A resumed run continues the computation its checkpoint holds, so the config it r
 describe the same computation. Guaranteed:
 
 - the keys in ``RESUMABLE`` may change — when the run stops (``train.steps``, ``train.max_minutes``,
-  ``train.max_generated_tokens``), when it evaluates and saves, what it logs, how many CPU threads
-  it uses: none changes what a step computes. A stop is refused too when the run's computation
+  ``train.max_generated_tokens``), when it evaluates and saves, what it logs, where the start's eval
+  is cached, how many CPU threads it uses: none changes what a step computes. A stop is refused too when the run's computation
   depends on it (``STOP_BOUND``: a cosine/linear LR schedule decays over ``train.steps``; ReMix
   moves its reference at a fraction of the run's budget);
 - ``rollout.engine_dtype`` / ``optim.compute_dtype`` may change between ``auto`` and the dtype
@@ -37,6 +37,7 @@ RESUMABLE = {
     "train.keep_checkpoints": "how many checkpoints it keeps",
     "train.log_samples": "what it logs", "train.log_rollouts": "what it logs", "train.rollouts_mb": "what it logs",
     "train.report_to": "where it logs",
+    "train.eval_cache": "where the start's eval is kept (read only at step 0)",
     # threads: float sums may round in another order, the computation is the same (a resume on another machine)
     "model.threads": "CPU threads", "train.generation_threads": "CPU threads", "train.update_threads": "CPU threads",
 }

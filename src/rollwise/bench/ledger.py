@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rollwise.bench.arms import arm_lines, baseline_of, split_arm
+from rollwise.bench.arms import BASELINE, arm_lines, baseline_of, split_arm
 from rollwise.bench.harness import NOISE_FLOOR, departs_at, metric_means, paired, ratio_mean, tokens_ratios
 from rollwise.bench.stats import add_holm, identical_groups, seed_test, verdict
 
@@ -155,10 +155,6 @@ def mean_curve(curves: list[list], points: int = 21) -> list[list[float]]:
 
 
 # -- the pages -----------------------------------------------------------------------------
-def regime_of(arm: str) -> str | None:
-    return split_arm(arm)[1]
-
-
 def delta(row: dict) -> str:
     """Δ vs the baseline in points with its interval, as the ledgers print it."""
     if row.get("verdict") == "baseline":
@@ -211,7 +207,7 @@ def sections(table: dict[str, dict]) -> list[tuple[str | None, list[tuple[str, d
     """The rows of one task grouped by regime (the ledger's setting first), in table order."""
     out: dict[str | None, list] = {}
     for arm, row in table.items():
-        out.setdefault(regime_of(arm), []).append((arm, row))
+        out.setdefault(split_arm(arm)[1], []).append((arm, row))
     return sorted(out.items(), key=lambda kv: kv[0] is not None)
 
 
@@ -285,10 +281,10 @@ def plot_curves(ledger: dict, runs: dict[str, list[dict]], path: Path) -> bool:
         groups: dict[tuple[str, str | None], list[str]] = {}
         for arm, row in table.items():
             body, regime = split_arm(arm)
-            if row.get("curve") and body not in ("baseline", "noise_floor"):
+            if row.get("curve") and body not in (BASELINE, NOISE_FLOOR):
                 groups.setdefault((body.split("+")[0], regime), []).append(arm)
-        panels += [(task, method + (f"@{regime}" if regime else ""), "baseline" + (f"@{regime}" if regime else ""),
-                    arms) for (method, regime), arms in groups.items()]
+        panels += [(task, method + (f"@{regime}" if regime else ""), baseline_of(arms[0]), arms)
+                   for (method, regime), arms in groups.items()]
     if not panels:
         return False
     plt = _pyplot()
@@ -297,14 +293,14 @@ def plot_curves(ledger: dict, runs: dict[str, list[dict]], path: Path) -> bool:
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False, dpi=90, sharey=True)
     for ax, (task, title, base, arms) in zip(axes.flat, panels):
         table, records = ledger["tasks"][task], runs.get(task, [])
-        lines = [(base, "black"), *([("noise_floor", "grey")] if base == "baseline" else []),
+        lines = [(base, "black"), *([(NOISE_FLOOR, "grey")] if base == BASELINE else []),
                  *((arm, COLOURS[i % len(COLOURS)]) for i, arm in enumerate(arms))]
         for arm, colour in lines:
             if not table.get(arm, {}).get("curve"):
                 continue
             for r in (r for r in records if r["arm"] == arm and r.get("curve")):
                 ax.plot(*zip(*r["curve"]), "-", color=colour, alpha=0.15, linewidth=0.7)
-            style = "--" if arm == "noise_floor" else "-"
+            style = "--" if arm == NOISE_FLOOR else "-"
             ax.plot(*zip(*table[arm]["curve"]), style, color=colour, linewidth=1.6,
                     label=f"{arm} ({table[arm]['seeds']} seed{'s' if table[arm]['seeds'] > 1 else ''})")
         ax.set_title(f"{task}: {title}", fontsize=8)

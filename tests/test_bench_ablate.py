@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from rollwise.bench.ablate import all_arms, load_ablate_config, progress, read_results
 from rollwise.bench.arms import BASELINE, arm_lines, default_arms, ratio_presets
 from rollwise.bench.harness import NOISE_FLOOR
-from rollwise.bench.ledger import cells, summarize, to_markdown
+from rollwise.bench.ledger import cells, machines, summarize, to_markdown
 from rollwise.bench.stats import NO_DIFFERENCE
 from rollwise.config import ConfigError
 
@@ -273,6 +273,30 @@ def test_zero_signal_share_and_controller_metrics_per_arm_also_for_older_records
     assert "zero_signal_share" not in json.loads((out / "results.jsonl").read_text().splitlines()[0])  # file as it was
 
 
+def test_a_ledger_that_mixes_machines_or_precisions_says_so(tmp_path):
+    """Every run records where and in which precision it computed (a record written before it did:
+    from its run's summary.json); the ledger names the machine of all its runs, and warns when they differ."""
+    out = tmp_path / "ablate"
+    run_dir = out / "runs" / "arith_baseline_1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps({
+        "cpu": {"model": "Xeon", "flags": ["avx2", "avx512f", "avx512_bf16"], "native_bf16": True},
+        "engine_dtype": "bfloat16", "compute_dtype": "bfloat16"}))
+    here = "AMD EPYC (AVX2), sampling float32, update float32"
+    records = [run(BASELINE, 0) | {"computed_on": here}, run(BASELINE, 1), run("objective:dapo", 0) | {
+        "computed_on": here}, run("objective:dapo", 1, refused="ConfigError: no")]
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    got = read_results(out, out / "results.jsonl")
+    assert got[1]["computed_on"] == "Xeon (AVX-512, native bf16), sampling bfloat16, update bfloat16"
+    counts = machines(got)
+    assert counts == {here: 2, "Xeon (AVX-512, native bf16), sampling bfloat16, update bfloat16": 1}
+    md = to_markdown({"command": "c", "computed_on": {"arith": counts}, "tasks": {"arith": {}}})
+    assert ("Computed on more than one machine or precision — the rows mix computations; a difference may be the "
+            f"machine's: {here}: 2 runs; Xeon (AVX-512, native bf16), sampling bfloat16, update bfloat16: 1 run.") in md
+    same = to_markdown({"command": "c", "computed_on": {"arith": machines(got[:1] + got[2:])}, "tasks": {"arith": {}}})
+    assert f"Computed on: {here} — all 2 runs." in same and "more than one" not in same
+
+
 def test_progress_counts_finished_runs_and_shows_begun_ones(tmp_path):
     """The ledger says how complete it is: finished of planned, and where each begun run stands."""
     everything = [("arith", s, a) for s in (0, 1) for a in (BASELINE, "control:vade")]
@@ -353,6 +377,8 @@ def test_bench_ablate_smoke_resumes(tmp_path):
     assert "sampling_seed: 1001" in config and "\nseed: 1\n" in config
     md = (out / "ledger.md").read_text()
     assert "| baseline ≡ objective:dr_grpo |" in md and "Noise floor" in md and "Runs: 8 of 8 finished." in md
+    assert f"Computed on: {records[BASELINE, 0]['computed_on']} — all 8 runs." in md  # this machine, as it records
+    assert "sampling float32, update float32" in records[BASELINE, 0]["computed_on"]
     assert "<table>" in (out / "ledger.html").read_text()
     # the curves: each row's mean over seeds starts at the start's accuracy; a panel per method arm
     assert tree["curve"][0] == [0.0, pytest.approx(records["strategy:tree", 0]["curve"][0][1])]
@@ -428,3 +454,11 @@ def test_shards_split_the_runs_and_share_one_ledger(tmp_path):
     with pytest.raises(ConfigError, match="shard"):
         load_ablate_config(["shard=2"])
     assert ab.my_runs([("t", 0, "a"), ("t", 0, "b"), ("t", 1, "a")], "0/2") == [("t", 0, "a"), ("t", 1, "a")]
+
+
+def test_doctests():
+    """The examples in the ledger's modules' docstrings hold (they are the functions' documentation)."""
+    import doctest
+
+    from rollwise.bench import ablate, arms, harness, ledger
+    assert all(doctest.testmod(m).failed == 0 for m in (ablate, arms, harness, ledger))

@@ -39,10 +39,10 @@ import torch
 from pydantic import Field
 
 from rollwise.bench.arms import BASELINE, REGIMES, arm_lines, baseline_of, check_arm, default_arms, split_arm
-from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, history, load_settings, metric_means, rl_sets,
-                                    run_sets, seed_sets, session, task_sets, task_warm_start, threads_set, train_run,
-                                    write_json, zero_signal_share)
-from rollwise.bench.ledger import summarize, write_ledger
+from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, computed_on, history, load_settings, metric_means,
+                                    rl_sets, run_sets, seed_sets, session, task_sets, task_warm_start, threads_set,
+                                    train_run, write_json, zero_signal_share)
+from rollwise.bench.ledger import machines, summarize, write_ledger
 from rollwise.config import ConfigError
 from rollwise.report.runs import read_jsonl
 from rollwise.train.resume import ResumeRefused
@@ -161,6 +161,7 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
     runs = {task: [r for (t, _, s), r in done.items() if t == task and s in cfg.seeds] for task in tasks}
     for task in tasks:
         ledger["tasks"][task] = summarize(runs[task], arms)
+    ledger["computed_on"] = {task: machines(runs[task]) for task in tasks}
     markdown = write_ledger(ledger, out, runs)
     write_json(json_path, ledger)
     console.print(markdown, highlight=False, soft_wrap=True, markup=False)  # arms=[...] is not a rich tag
@@ -219,10 +220,14 @@ def run_name(task: str, arm: str, seed: int) -> str:
 
 
 def with_step_summary(record: dict, out: Path) -> dict:
-    """A record written before runs kept their step summary: read back from the run's directory when
-    it is still there (else the record as it is)."""
+    """A record written before runs kept their step summary or where they computed: read back from the
+    run's directory when it is still there (else the record as it is)."""
     run_dir = out / "runs" / run_name(record["task"], record["arm"], record["seed"])
-    if "control" in record or "refused" in record or not (run_dir / "metrics.jsonl").exists():
+    if "refused" in record:
+        return record
+    if "computed_on" not in record and (run_dir / "summary.json").exists():
+        record = record | {"computed_on": computed_on(json.loads((run_dir / "summary.json").read_text()))}
+    if "control" in record or not (run_dir / "metrics.jsonl").exists():
         return record
     steps = history(run_dir, KEEP)[2]
     return record | step_summary(steps) if steps else record

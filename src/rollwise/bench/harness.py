@@ -220,7 +220,29 @@ class Run:
         """The fields every bench keeps of a run."""
         s = self.summary
         return {"seed": seed, "final_accuracy": s["final_accuracy"], "initial_accuracy": s["initial_accuracy"],
-                "generated_tokens": s["generated_tokens"], "wall_seconds": s["wall_seconds"], "trace": self.trace}
+                "generated_tokens": s["generated_tokens"], "wall_seconds": s["wall_seconds"], "trace": self.trace,
+                "computed_on": computed_on(s)}
+
+
+def computed_on(summary: dict) -> str | None:
+    """Where and in which precision a run computed, from its ``summary.json`` (None: it recorded
+    neither) — what a ledger groups its runs by, since runs on CPUs of other instruction sets, or in
+    another precision, are not one computation.
+
+    >>> computed_on({"cpu": {"model": "AMD EPYC", "flags": ["avx2"], "native_bf16": False},
+    ...              "engine_dtype": "float32", "compute_dtype": "float32"})
+    'AMD EPYC (AVX2), sampling float32, update float32'
+    >>> computed_on({"cpu": {"model": "Xeon", "flags": ["avx2", "avx512_bf16", "avx512f"], "native_bf16": True}})
+    'Xeon (AVX-512, native bf16)'
+    """
+    cpu, parts = summary.get("cpu"), []
+    if isinstance(cpu, dict):
+        flags = set(cpu.get("flags", []))
+        isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+        parts.append(f"{cpu.get('model', '?')} ({isa}{', native bf16' if cpu.get('native_bf16') else ''})")
+    parts += [f"{what} {summary[key]}" for what, key in (("sampling", "engine_dtype"), ("update", "compute_dtype"))
+              if summary.get(key)]
+    return ", ".join(parts) or None
 
 
 def train_run(sets: list[str], console, label: str, tokens: int | None = None, keep: tuple[str, ...] = (),

@@ -6,7 +6,8 @@ baseline, paired by seed and prompt, with its 95% t interval over seeds, p and v
 at which its runs depart from the baseline's (``departs_at``: earliest over seeds; None = identical
 for the whole budget); generated tokens to the baseline's final accuracy, with its interval; the
 accuracy curve over generated tokens (``mean_curve``); the share of trained groups without reward
-spread; what its controller did (``control/*``, mean per step); wall time. Arms whose runs are
+spread; what its controller did (``control/*``, mean per step); wall time. ``machines``: where and in
+which precision the task's runs computed (a ledger that mixes machines says so above its tables). Arms whose runs are
 identical on every seed — per-step trace and every eval's per-prompt correctness — are one
 computation at these settings and are reported once, with every id (``ids``).
 
@@ -211,6 +212,33 @@ def sections(table: dict[str, dict]) -> list[tuple[str | None, list[tuple[str, d
     return sorted(out.items(), key=lambda kv: kv[0] is not None)
 
 
+def machines(records: list[dict]) -> dict[str, int]:
+    """How many of a task's runs computed where and in which precision (``harness.computed_on``;
+    "unrecorded": runs that did not say), most runs first.
+
+    >>> machines([{"computed_on": "A"}, {"computed_on": "B"}, {"computed_on": "A"}, {"refused": "x"}])
+    {'A': 2, 'B': 1}
+    """
+    counts: dict[str, int] = {}
+    for r in records:
+        if "refused" not in r:
+            counts[r.get("computed_on") or "unrecorded"] = counts.get(r.get("computed_on") or "unrecorded", 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def machines_line(counts: dict[str, int]) -> str | None:
+    """"Computed on: AMD EPYC (AVX2), sampling float32, update float32 — all 19 runs." or, when the runs
+    differ, a warning naming each (None: no runs)."""
+    if not counts:
+        return None
+    if len(counts) == 1:
+        (where, n), = counts.items()
+        return f"Computed on: {where} — all {n} run{'s' if n > 1 else ''}."
+    return ("Computed on more than one machine or precision — the rows mix computations; a difference may be "
+            "the machine's: " + "; ".join(f"{where}: {n} run{'s' if n > 1 else ''}" for where, n in counts.items())
+            + ".")
+
+
 def noise_line(table: dict[str, dict]) -> str | None:
     row = table.get("noise_floor")
     if row is None or "difference" not in row:
@@ -234,6 +262,8 @@ def to_markdown(ledger: dict) -> str:
     lines += [RULE, ""]
     for task, table in ledger["tasks"].items():
         lines += [f"### {task}", ""]
+        if (where := machines_line(ledger.get("computed_on", {}).get(task, {}))) is not None:
+            lines += [where, ""]
         if (noise := noise_line(table)) is not None:
             lines += [noise, ""]
         for regime, rows in sections(table):
@@ -251,6 +281,8 @@ def to_html(ledger: dict) -> str:
     parts = []
     for task, table in ledger["tasks"].items():
         parts.append(f"<h2>{html.escape(task)}</h2>")
+        if (where := machines_line(ledger.get("computed_on", {}).get(task, {}))) is not None:
+            parts.append(f"<p>{html.escape(where)}</p>")
         if (noise := noise_line(table)) is not None:
             parts.append(f"<p>{html.escape(noise)}</p>")
         for regime, rows in sections(table):

@@ -68,9 +68,11 @@ MIXED_TOKENS ?= 40000
 MIXED_EVAL_EVERY ?= 20
 MIXED_ARMS ?= [objective:dapo,objective:dapo+set:control.dynamic_sampling.max_rounds=8,control:vade,control:vade+set:control.vade.visit_decay=1.0,control:difficulty_select,control:difficulty_select+replay:rollout_replay,control:xrpo_alloc,control:xrpo_alloc+set:control.xrpo_alloc.bonus=0.1,control:gdro,control:gdro+set:control.gdro.mode=prompt]
 MIXED_OUT ?= runs/ablate-smollm2-mixed
+MIXED_LOOK ?=# the seeds every arm needs before the ledger prints its reading (rollwise.bench.reading); empty: all of them
 MIXED_SFT := runs/smollm2_mixed_sft
 MIXED_SETS = --set recipe=recipes/smollm2_mixed.yaml --set recipe_tokens=$(MIXED_TOKENS) --set eval_every=$(MIXED_EVAL_EVERY) \
-	--set checkpoint_every=5 --set out=$(MIXED_OUT) --set 'seeds=$(MIXED_SEEDS)' --set 'arms=$(MIXED_ARMS)'
+	--set checkpoint_every=5 --set out=$(MIXED_OUT) --set 'seeds=$(MIXED_SEEDS)' --set 'arms=$(MIXED_ARMS)' \
+	$(if $(MIXED_LOOK),--set look=$(MIXED_LOOK))
 .PHONY: smollm2-mixed-ledger smollm2-mixed-status
 $(MIXED_SFT)/done: | $(STAMP)
 	mkdir -p runs

@@ -42,7 +42,8 @@ from rollwise.bench.arms import BASELINE, REGIMES, arm_lines, baseline_of, check
 from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, computed_on, history, load_settings, metric_means,
                                     rl_sets, run_sets, seed_sets, session, task_sets, task_warm_start, threads_set,
                                     train_run, write_json, zero_signal_share)
-from rollwise.bench.ledger import machines, summarize, write_ledger
+from rollwise.bench.ledger import machines, sections, summarize, write_ledger
+from rollwise.bench.reading import read_table
 from rollwise.config import ConfigError
 from rollwise.report.runs import read_jsonl
 from rollwise.train.resume import ResumeRefused
@@ -74,6 +75,9 @@ class AblateBenchConfig(TaskBenchConfig):
                               "the ledger (each reads all results files); a last run without a shard writes it")
     checkpoint_every: int = Field(0, ge=0, description="checkpoint every run every N steps, and resume a killed run "
                                   "from its last checkpoint (0: a killed run starts again; for long runs)")
+    look: int | None = Field(None, ge=1, description="the ledger states its reading (what its rows allow one to "
+                             "claim: rollwise.bench.reading) only once every arm has this many seeds; default: every "
+                             "seed in `seeds`")
     run: bool = Field(True, description="false: train nothing, write the ledger of the runs finished so far (an "
                       "interim ledger while shards still run; an arm without runs has no row)")
 
@@ -162,6 +166,9 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
     for task in tasks:
         ledger["tasks"][task] = summarize(runs[task], arms)
     ledger["computed_on"] = {task: machines(runs[task]) for task in tasks}
+    look = cfg.look or len(cfg.seeds)
+    ledger["reading"] = {task: {regime or "": read_table(dict(rows), look) for regime, rows in sections(table)}
+                         for task, table in ledger["tasks"].items()}
     markdown = write_ledger(ledger, out, runs)
     write_json(json_path, ledger)
     console.print(markdown, highlight=False, soft_wrap=True, markup=False)  # arms=[...] is not a rich tag

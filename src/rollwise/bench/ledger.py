@@ -28,6 +28,7 @@ import numpy as np
 
 from rollwise.bench.arms import BASELINE, arm_lines, baseline_of, split_arm
 from rollwise.bench.harness import NOISE_FLOOR, departs_at, metric_means, paired, ratio_mean, tokens_ratios
+from rollwise.bench.reading import method_arms, reading_lines
 from rollwise.bench.stats import add_holm, identical_groups, seed_test, verdict
 
 RULE = ("Δ: the arm's greedy accuracy minus its baseline's, in points, paired by seed and by prompt (the same "
@@ -115,8 +116,7 @@ def _with_holm(table: dict[str, dict]) -> dict[str, dict]:
     """Each method arm's Holm-adjusted p (``p_holm``) over the arms of its regime: the baseline and the
     noise floor (the rule's own check) are not in the family."""
     for regime in dict.fromkeys(split_arm(arm)[1] for arm in table):
-        add_holm(table, [arm for arm in table if split_arm(arm)[1] == regime and arm != baseline_of(arm)
-                         and split_arm(arm)[0] != NOISE_FLOOR])
+        add_holm(table, method_arms({arm: row for arm, row in table.items() if split_arm(arm)[1] == regime}))
     return table
 
 
@@ -274,6 +274,8 @@ def to_markdown(ledger: dict) -> str:
             lines.append("")
             lines += [f"- `{arm}`: {acted}" for arm, row in rows if (acted := control_line(row))]
             lines += [""] if any(control_line(row) for _, row in rows) else []
+            if (reading := ledger.get("reading", {}).get(task, {}).get(regime or "")) is not None:
+                lines += [*reading_lines(reading, dict(rows)), ""]
     return "\n".join(lines)
 
 
@@ -293,6 +295,9 @@ def to_html(ledger: dict) -> str:
                 parts.append("<tr>" + "".join(f"<td>{html.escape(c.replace('`', ''))}</td>" for c in cells(arm, row))
                              + "</tr>")
             parts.append("</table>")
+            if (reading := ledger.get("reading", {}).get(task, {}).get(regime or "")) is not None:
+                parts += [f"<p>{html.escape(x.replace('`', '').replace('**', ''))}</p>"
+                          for x in reading_lines(reading, dict(rows))]
     return ("<!doctype html><html><head><meta charset='utf-8'><title>rollwise ablation ledger</title><style>"
             "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
             "padding:4px 8px}</style></head><body><h1>Ablation ledger</h1><p>" + html.escape(ledger["command"])

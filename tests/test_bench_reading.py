@@ -29,7 +29,7 @@ def test_no_reading_before_every_arm_has_its_seeds():
                                                              ci=(0.1, 0.3), p=0.001, p_holm=0.002)})
     got = read_table(rows, look=5)
     assert not got["ready"] and got["short"] == ["control:gdro"] and "claimed" not in got
-    text = "\n".join(reading_lines(got, rows))
+    text = "\n".join(reading_lines(got))
     assert "not yet" in text and "1 arm has fewer" in text and "gdro" not in text
     assert read_table(rows, look=4)["ready"]  # a look at 4 seeds reads it
     baseline_short = table(**{"control:vade": row()})
@@ -47,7 +47,7 @@ def test_a_claim_only_when_family_wise():
     assert got["ready"] and [c["arm"] for c in got["claimed"]] == ["control:vade", "objective:dapo"]
     assert [c["arm"] for c in got["per_arm_only"]] == ["control:gdro"]
     assert got["faster"] == ["control:xrpo_alloc"] and got["slower"] == ["objective:dapo"]
-    text = "\n".join(reading_lines(got, rows))
+    text = "\n".join(reading_lines(got))
     assert "`control:vade` beats its baseline family-wise: Δ +6.0 [+2.0, +10.0] points (Holm p 0.040)" in text
     assert "`objective:dapo` loses to its baseline family-wise" in text
     assert "`control:gdro` reads better on its own p (0.045) but not family-wise (Holm p 0.360): not claimed" in text
@@ -58,7 +58,7 @@ def test_none_differs_says_so_with_the_range_it_cannot_tell_from_none():
     rows = table(**{"control:vade": row(ci=(-0.041, 0.03)), "control:gdro": row(ci=(-0.02, 0.052))})
     got = read_table(rows, look=5)
     assert got["claimed"] == [] and got["bounds"] == pytest.approx([-4.1, 5.2])
-    text = "\n".join(reading_lines(got, rows))
+    text = "\n".join(reading_lines(got))
     assert "No method arm differs detectably from its baseline family-wise; the arms' intervals span -4.1 to +5.2" in text
     assert "no arm's interval excludes 1×" in text
 
@@ -67,7 +67,7 @@ def test_a_noise_floor_with_a_verdict_puts_the_rule_in_doubt_and_a_refused_arm_i
     rows = table(**{"control:vade": row(), "strategy:april": {"refused": "ConfigError: no", "lines": []}})
     rows[NOISE_FLOOR] = row(verdict="worse", difference=-0.05, ci=(-0.08, -0.02), p=0.01)
     got = read_table(rows, look=5)
-    text = "\n".join(reading_lines(got, rows))
+    text = "\n".join(reading_lines(got))
     assert got["ready"] and got["failed"] == ["strategy:april"]
     assert "The noise floor reads \"worse\"" in text and "Failed to run (refused): `strategy:april`" in text
 

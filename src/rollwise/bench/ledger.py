@@ -22,6 +22,7 @@ import html
 import json
 import math
 import statistics
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -219,11 +220,7 @@ def machines(records: list[dict]) -> dict[str, int]:
     >>> machines([{"computed_on": "A"}, {"computed_on": "B"}, {"computed_on": "A"}, {"refused": "x"}])
     {'A': 2, 'B': 1}
     """
-    counts: dict[str, int] = {}
-    for r in records:
-        if "refused" not in r:
-            counts[r.get("computed_on") or "unrecorded"] = counts.get(r.get("computed_on") or "unrecorded", 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+    return dict(Counter(r.get("computed_on") or "unrecorded" for r in records if "refused" not in r).most_common())
 
 
 def machines_line(counts: dict[str, int]) -> str | None:
@@ -255,6 +252,11 @@ def progress_line(progress: dict) -> str:
     return line + "."
 
 
+def _reading(ledger: dict, task: str, regime: str | None) -> dict | None:
+    """The reading of one task's regime table (``bench ablate`` keys the ledger's setting as "")."""
+    return ledger.get("reading", {}).get(task, {}).get(regime or "")
+
+
 def to_markdown(ledger: dict) -> str:
     lines = [f"Command: `{ledger['command']}`", ""]
     if ledger.get("progress"):  # a ledger of older runs has none
@@ -274,8 +276,8 @@ def to_markdown(ledger: dict) -> str:
             lines.append("")
             lines += [f"- `{arm}`: {acted}" for arm, row in rows if (acted := control_line(row))]
             lines += [""] if any(control_line(row) for _, row in rows) else []
-            if (reading := ledger.get("reading", {}).get(task, {}).get(regime or "")) is not None:
-                lines += [*reading_lines(reading, dict(rows)), ""]
+            if (reading := _reading(ledger, task, regime)) is not None:
+                lines += [*reading_lines(reading), ""]
     return "\n".join(lines)
 
 
@@ -295,9 +297,9 @@ def to_html(ledger: dict) -> str:
                 parts.append("<tr>" + "".join(f"<td>{html.escape(c.replace('`', ''))}</td>" for c in cells(arm, row))
                              + "</tr>")
             parts.append("</table>")
-            if (reading := ledger.get("reading", {}).get(task, {}).get(regime or "")) is not None:
-                parts += [f"<p>{html.escape(x.replace('`', '').replace('**', ''))}</p>"
-                          for x in reading_lines(reading, dict(rows))]
+            if (reading := _reading(ledger, task, regime)) is not None:
+                parts += [f"<p>{html.escape(line.replace('`', '').replace('**', ''))}</p>"
+                          for line in reading_lines(reading)]
     return ("<!doctype html><html><head><meta charset='utf-8'><title>rollwise ablation ledger</title><style>"
             "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
             "padding:4px 8px}</style></head><body><h1>Ablation ledger</h1><p>" + html.escape(ledger["command"])

@@ -31,10 +31,10 @@ from rollwise.bench.stats import LEVEL, NO_DIFFERENCE
 ALPHA = 1 - LEVEL
 
 
-def _points(row: dict) -> str:
-    lo, hi = row["ci95"] if row.get("ci95") else (None, None)
-    interval = "" if lo is None else f" [{lo * 100:+.1f}, {hi * 100:+.1f}]"
-    return f"Δ {row['difference'] * 100:+.1f}{interval} points"
+def _points(claim: dict) -> str:
+    ci = claim.get("ci95")
+    interval = f" [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}]" if ci else ""
+    return f"Δ {claim['difference'] * 100:+.1f}{interval} points"
 
 
 def method_arms(rows: dict[str, dict]) -> list[str]:
@@ -50,8 +50,7 @@ def read_table(rows: dict[str, dict], look: int) -> dict:
     the noise floor's verdict."""
     arms = method_arms(rows)
     run = [a for a in arms if "refused" not in rows[a]]
-    short = [a for a in [*run, *(a for a in rows if a not in arms and "refused" not in rows[a])]
-             if rows[a].get("seeds", 0) < look]
+    short = [a for a in rows if "refused" not in rows[a] and rows[a].get("seeds", 0) < look]
     out = {"look": look, "arms": len(arms), "ready": not short and bool(run), "short": short,
            "noise_floor": rows.get(NOISE_FLOOR, {}).get("verdict")}
     if not out["ready"]:
@@ -72,7 +71,7 @@ def read_table(rows: dict[str, dict], look: int) -> dict:
         "slower": [a for a, (lo, _) in ratios.items() if lo > 1]}
 
 
-def reading_lines(reading: dict, rows: dict[str, dict]) -> list[str]:
+def reading_lines(reading: dict) -> list[str]:
     """The reading as the ledger's markdown prints it under its table."""
     look = reading["look"]
     if not reading["ready"]:
@@ -86,7 +85,7 @@ def reading_lines(reading: dict, rows: dict[str, dict]) -> list[str]:
                      "distrust every verdict below.")
     for c in reading["claimed"]:
         word = "beats" if c["verdict"] == "better" else "loses to"
-        lines.append(f"- `{c['arm']}` {word} its baseline family-wise: {_points(rows[c['arm']])} "
+        lines.append(f"- `{c['arm']}` {word} its baseline family-wise: {_points(c)} "
                      f"(Holm p {c['p_holm']:.3f}).")
     for c in reading["per_arm_only"]:
         holm = "—" if c["p_holm"] is None else f"{c['p_holm']:.3f}"
@@ -99,9 +98,10 @@ def reading_lines(reading: dict, rows: dict[str, dict]) -> list[str]:
         lines.append(f"- No method arm differs detectably from its baseline family-wise{bounds}.")
     for key, word in (("faster", "fewer"), ("slower", "more")):
         if reading[key]:
-            lines.append(f"- Generated tokens to the baseline's final accuracy: {', '.join(f'`{a}`' for a in reading[key])} "
-                         f"needed {word} than the baseline (interval excludes 1×; a secondary measure, not adjusted "
-                         "over the family: stated, not claimed).")
+            arms = ", ".join(f"`{a}`" for a in reading[key])
+            lines.append(f"- Generated tokens to the baseline's final accuracy: {arms} needed {word} than the "
+                         "baseline (interval excludes 1×; a secondary measure, not adjusted over the family: stated, "
+                         "not claimed).")
     if not reading["faster"] and not reading["slower"]:
         lines.append("- Generated tokens to the baseline's final accuracy: no arm's interval excludes 1×.")
     if reading["failed"]:

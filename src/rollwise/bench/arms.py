@@ -44,7 +44,7 @@ RATIO_FIELDS = ("policy_loss", "importance_sampling_level", "epsilon", "epsilon_
 
 def distinct_presets() -> list[str]:
     """Objective preset ids but ``grpo``, each preset once (an alias such as dapo_clip_higher = dapo: its first id)."""
-    from rollwise.optim.objective import PRESETS
+    from rollwise.optim.config import PRESETS
 
     seen: dict[int, str] = {}
     for name, preset in PRESETS.items():
@@ -56,7 +56,7 @@ def distinct_presets() -> list[str]:
 def ratio_presets() -> list[str]:
     """Objective presets that differ from GRPO's resolved config in a ratio-only field (``RATIO_FIELDS``):
     the ones that can differ from an on-policy run only off-policy (aliases once)."""
-    from rollwise.optim.objective import ObjectiveConfig
+    from rollwise.optim.config import ObjectiveConfig
 
     grpo = ObjectiveConfig(method="grpo").model_dump()
     return [name for name in distinct_presets()

@@ -64,7 +64,7 @@ def best_of(times: list[float]) -> dict:
 
 
 def timed_update(model, opt, batch, **spec) -> tuple[float, dict]:
-    from rollwise.optim.objective import ObjectiveConfig
+    from rollwise.optim.config import ObjectiveConfig
     from rollwise.optim.update import UpdateSpec, policy_update
 
     start = time.perf_counter()

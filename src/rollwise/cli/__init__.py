@@ -342,7 +342,7 @@ def _environment_rows() -> dict[str, str]:
 def _objective_rows() -> dict[str, str]:
     """One row per objective preset; a name that is another id for the same preset (``sapo_gate``,
     the methods catalogue's id for ``sapo``) is shown in its preset's row, not as a second row."""
-    from rollwise.optim.objective import PRESETS
+    from rollwise.optim.config import PRESETS
 
     aliases: dict[int, list[str]] = {}
     for name, preset in PRESETS.items():
@@ -370,7 +370,7 @@ def plain_summary(doc: str | None) -> str:
 
 def _objective_row(method: str, preset: dict) -> str:
     """A preset's fields, the other sections it fills (dapo: control.method) and its off-policy note."""
-    from rollwise.optim.objective import PRESET_SECTIONS
+    from rollwise.optim.config import PRESET_SECTIONS
 
     fields = [f"{k}={v}" for k, v in preset.items()]
     for section, fill in PRESET_SECTIONS.get(method, {}).items():

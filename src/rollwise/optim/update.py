@@ -46,7 +46,8 @@ from rollwise.model.reference import as_reference
 from rollwise.optim.batch import TrainBatch
 from rollwise.optim.correction import mismatch_metrics
 from rollwise.optim.losses import token_weights
-from rollwise.optim.objective import ObjectiveConfig, policy_loss
+from rollwise.optim.config import ObjectiveConfig
+from rollwise.optim.objective import policy_loss
 
 
 @dataclass(frozen=True)

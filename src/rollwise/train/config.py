@@ -32,7 +32,7 @@ from rollwise.generate.scope import ScopeConfig
 from rollwise.generate.latr import LatrConfig
 from rollwise.generate.tree import TreeConfig
 from rollwise.model.load import ModelConfig
-from rollwise.optim.objective import PRESET_SECTIONS, PRESETS, STALE_TOKEN_OBJECTIVE, ObjectiveConfig
+from rollwise.optim.config import PRESET_SECTIONS, PRESETS, STALE_TOKEN_OBJECTIVE, ObjectiveConfig
 from rollwise.tasks.arith import ArithConfig
 from rollwise.tasks.labels import check_labels
 from rollwise.tasks.registry import TaskConfig
@@ -385,7 +385,7 @@ FILLS = (
                 "a replay method that serves stored groups, rollout.strategy=april, a guided strategy: guide, nudge, "
                 "scope)",
                 "objective.tis_mode = token_truncate, unless the objective preset sets tis_mode "
-                "(optim.objective.STALE_TOKEN_OBJECTIVE)", _fill_stale_token_correction),
+                "(optim.config.STALE_TOKEN_OBJECTIVE)", _fill_stale_token_correction),
     SectionFill("an engine that may sample below fp32 (rollout.engine_dtype=bfloat16; auto on CUDA or on a CPU with "
                 "native bf16)", "objective.tis_mode = token_truncate, unless the objective preset sets tis_mode "
                 "(train.precision)", _fill_low_precision_correction),
@@ -396,7 +396,7 @@ FILLS = (
     SectionFill("rollout.strategy=nudge", "objective.advantage = nudge, objective.scale_rewards = none (NudgeRL's "
                 "inter/intra-context advantage; generate.nudge.NUDGE_OBJECTIVE)", _fill_nudge),
     SectionFill("objective.method=dapo or v05", "control.method = dynamic_sampling (DAPO is its loss and its dynamic "
-                "sampling) or v05 (V0.5's prior test and extra rollouts); optim.objective.PRESET_SECTIONS",
+                "sampling) or v05 (V0.5's prior test and extra rollouts); optim.config.PRESET_SECTIONS",
                 _fill_preset_sections),
 )
 

@@ -70,8 +70,12 @@ MIXED_ARMS ?= [objective:dapo,objective:dapo+set:control.dynamic_sampling.max_ro
 MIXED_OUT ?= runs/ablate-smollm2-mixed
 MIXED_LOOK ?=# the seeds every arm needs before the ledger prints its reading (rollwise.bench.reading); empty: all of them
 MIXED_SFT := runs/smollm2_mixed_sft
+# every finished run's record, committed: the ledger continues on a fresh checkout or another machine (runs/ does not
+# travel; a run begun there starts again, and the warm start is rebuilt — each record names the weights it began from)
+MIXED_KEPT := docs/data/ledger-smollm2-mixed-runs
 MIXED_SETS = --set recipe=recipes/smollm2_mixed.yaml --set recipe_tokens=$(MIXED_TOKENS) --set eval_every=$(MIXED_EVAL_EVERY) \
-	--set checkpoint_every=5 --set out=$(MIXED_OUT) --set 'seeds=$(MIXED_SEEDS)' --set 'arms=$(MIXED_ARMS)' \
+	--set checkpoint_every=5 --set out=$(MIXED_OUT) --set keep_runs=$(MIXED_KEPT) --set 'seeds=$(MIXED_SEEDS)' \
+	--set 'arms=$(MIXED_ARMS)' \
 	$(if $(MIXED_LOOK),--set look=$(MIXED_LOOK))
 .PHONY: smollm2-mixed-ledger smollm2-mixed-status
 $(MIXED_SFT)/done: | $(STAMP)

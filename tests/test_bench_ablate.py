@@ -291,8 +291,8 @@ def test_a_ledger_that_mixes_machines_or_precisions_says_so(tmp_path):
     counts = machines(got)
     assert counts == {here: 2, "Xeon (AVX-512, native bf16), sampling bfloat16, update bfloat16": 1}
     md = to_markdown({"command": "c", "computed_on": {"arith": counts}, "tasks": {"arith": {}}})
-    assert ("Computed on more than one machine or precision — the rows mix computations; a difference may be the "
-            f"machine's: {here}: 2 runs; Xeon (AVX-512, native bf16), sampling bfloat16, update bfloat16: 1 run.") in md
+    assert ("Computed on more than one machine or precision, or from other starting weights — the rows mix "
+            f"computations; a difference may be the machine's: {here}: 2 runs; Xeon (AVX-512, native bf16), sampling bfloat16, update bfloat16: 1 run.") in md
     same = to_markdown({"command": "c", "computed_on": {"arith": machines(got[:1] + got[2:])}, "tasks": {"arith": {}}})
     assert f"Computed on: {here} — all 2 runs." in same and "more than one" not in same
 
@@ -431,10 +431,12 @@ def test_bench_ablate_on_a_recipe(tmp_path):
 def test_shards_split_the_runs_and_share_one_ledger(tmp_path):
     """Two shards of one ablation run disjoint halves into their own files; a run without a shard then
     finds every run done (trains nothing) and its ledger holds all of them, as one process would;
-    ``run=false`` between them writes the ledger of what is finished and trains nothing."""
+    ``run=false`` between them writes the ledger of what is finished and trains nothing; ``keep_runs``
+    carries the finished runs to a fresh ``out``."""
     from rollwise.bench import ablate as ab
 
     sets = ["arms=[objective:dr_grpo]", "sft_steps=5", "noise_floor=false"]
+    sets += [f"keep_runs={tmp_path / 'kept'}"]
     first, _ = ablate(tmp_path / "a", *sets, "shard=0/2")
     ablate(tmp_path / "a", *sets, "run=false")  # shard 0 done, shard 1 "still running": an interim ledger
     assert sorted(p.name for p in (tmp_path / "a" / "runs").iterdir()) == ["arith_baseline_0", "arith_baseline_1"]
@@ -451,6 +453,19 @@ def test_shards_split_the_runs_and_share_one_ledger(tmp_path):
     ledger = json.loads((tmp_path / "a" / "ledger.json").read_text())["tasks"]["arith"]
     rows = [row for row in ledger.values() if "objective:dr_grpo" in row["ids"]]  # (its own, or merged: identical)
     assert len(rows) == 1 and rows[0]["seeds"] == 2 and ledger[BASELINE]["seeds"] == 2
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == [  # keep_runs: one record a run, as written
+        "arith_baseline_0.json", "arith_baseline_1.json", "arith_objective_dr_grpo_0.json",
+        "arith_objective_dr_grpo_1.json"]
+    assert json.loads((tmp_path / "kept" / "arith_baseline_1.json").read_text()) == shard0[1]
+    # a fresh `out` (another machine, a new checkout) with the kept records, one of them lost: only that run
+    # trains, from a warm start rebuilt to the same weights (the ledger's runs share one start)
+    (tmp_path / "kept" / "arith_objective_dr_grpo_1.json").unlink()
+    elsewhere, _ = ablate(tmp_path / "b", *sets)
+    assert [(r["seed"], r["arm"]) for r in map(json.loads, elsewhere)] == [(1, "objective:dr_grpo")]
+    assert [p.name for p in (tmp_path / "b" / "runs").iterdir()] == ["arith_objective_dr_grpo_1"]
+    b = json.loads((tmp_path / "b" / "ledger.json").read_text())
+    assert b["progress"]["finished"] == 4 and len(b["computed_on"]["arith"]) == 1
+    assert json.loads(elsewhere[0])["start"] == shard0[0]["start"] is not None
     with pytest.raises(ConfigError, match="shard"):
         load_ablate_config(["shard=2"])
     assert ab.my_runs([("t", 0, "a"), ("t", 0, "b"), ("t", 1, "a")], "0/2") == [("t", 0, "a"), ("t", 1, "a")]

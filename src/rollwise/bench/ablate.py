@@ -18,7 +18,11 @@ checkpoint; one whose checkpoint the settings now contradict stops the ablation,
 the runs over n processes sharing ``out`` (each appends to its own ``results.<i>.jsonl`` and reads
 every file; with the tiny tasks, let one make the warm starts first); a final run without a shard
 finds everything done and writes the ledger; ``run=false`` writes the ledger of what is finished so
-far without training anything (an interim look while shards run).
+far without training anything (an interim look while shards run). ``keep_runs``: a directory to commit
+beside the code, each finished run's record one file in it (``<run>.json``), read as finished too — the
+ledger then survives what ``out`` does not (a fresh checkout, another machine): only begun runs restart.
+Each record names the weights its run began from (``start``: a digest), and the ledger warns when its
+runs began from different ones (a warm start rebuilt elsewhere that came out otherwise).
 An arm whose config is refused (a ConfigError: a combination that makes no sense) is recorded
 as refused with the reason, not run.
 
@@ -30,6 +34,7 @@ what its controller did; written as ``ledger.json``, ``ledger.md``, ``ledger.htm
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -46,6 +51,7 @@ from rollwise.bench.ledger import machines, sections, summarize, write_ledger
 from rollwise.bench.reading import read_table
 from rollwise.config import ConfigError
 from rollwise.report.runs import read_jsonl
+from rollwise.train.config import load_run_config
 from rollwise.train.resume import ResumeRefused
 
 # the step metrics a run keeps: its share of trained groups without reward spread (the regime's measure)
@@ -78,6 +84,9 @@ class AblateBenchConfig(TaskBenchConfig):
     look: int | None = Field(None, ge=1, description="the ledger states its reading (what its rows allow one to "
                              "claim: rollwise.bench.reading) only once every arm has this many seeds; default: every "
                              "seed in `seeds`")
+    keep_runs: str | None = Field(None, description="a directory (commit it) where every finished run's record is "
+                                  "also written, one <run>.json each, and read back as finished: the ledger "
+                                  "continues from a fresh checkout or another machine (e.g. docs/data/ledger-runs)")
     run: bool = Field(True, description="false: train nothing, write the ledger of the runs finished so far (an "
                       "interim ledger while shards still run; an arm without runs has no row)")
 
@@ -115,16 +124,41 @@ def results_file(out: Path, shard: str | None) -> Path:
     return out / ("results.jsonl" if shard is None else f"results.{shard.split('/')[0]}.jsonl")
 
 
-def read_results(out: Path, mine: Path) -> list[dict]:
-    """Every finished run in ``out`` (every shard's file); ``mine`` is rewritten without a line cut by a kill
-    (the other shards' files belong to their processes)."""
+def read_results(out: Path, mine: Path, kept: Path | None = None) -> list[dict]:
+    """Every finished run in ``out`` (every shard's file) and in ``kept`` (``keep_runs``); ``mine`` is
+    rewritten without a line cut by a kill (the other shards' files belong to their processes)."""
     finished = []
     for path in sorted(out.glob("results*.jsonl")):
         records = read_jsonl(path)
         if path == mine:
             path.write_text("".join(json.dumps(r) + "\n" for r in records))
         finished += [with_step_summary(r, out) for r in records]
+    if kept is not None:
+        finished += [json.loads(path.read_text()) for path in sorted(kept.glob("*.json"))]
     return finished
+
+
+def keep_run(kept: Path, record: dict) -> None:
+    """Write a finished run's record into ``keep_runs`` as ``<run>.json`` (whole or not at all)."""
+    kept.mkdir(parents=True, exist_ok=True)
+    path = kept / f"{run_name(record['task'], record['arm'], record['seed'])}.json"
+    part = path.with_suffix(".part")
+    part.write_text(json.dumps(record) + "\n")
+    part.replace(path)
+
+
+def start_digest(path: Path) -> str | None:
+    """A digest of the weights a run begins from (its model directory's ``*.safetensors``; None for
+    anything else, e.g. a packaged GGUF): runs that began from other weights are not one ledger."""
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        with file.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()[:12]
 
 
 def my_runs(pending: list[tuple[str, int, str]], shard: str | None) -> list[tuple[str, int, str]]:
@@ -143,8 +177,8 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
     cfg = load_ablate_config(overrides)
     arms, out, tasks = all_arms(cfg), Path(cfg.out), cfg.task_names()
     out.mkdir(parents=True, exist_ok=True)
-    results_path = results_file(out, cfg.shard)
-    done = {(r["task"], r["arm"], r["seed"]): r for r in read_results(out, results_path)}
+    results_path, kept = results_file(out, cfg.shard), cfg.keep_runs and Path(cfg.keep_runs)
+    done = {(r["task"], r["arm"], r["seed"]): r for r in read_results(out, results_path, kept)}
     everything = [(t, s, a) for t in tasks for s in cfg.seeds for a in arms]
     with session(cfg.threads):
         for task in tasks:
@@ -159,7 +193,9 @@ def run_ablate_bench(overrides: list[str], console, json_path: Path | None = Non
                 done[(task, arm, seed)] = record = _run(cfg, task, arm, seed, warm, out, console)
                 with results_path.open("a") as f:
                     f.write(json.dumps(record) + "\n")
-    done |= {(r["task"], r["arm"], r["seed"]): r for r in read_results(out, results_path)}  # the other shards'
+                if kept:
+                    keep_run(kept, record)
+    done |= {(r["task"], r["arm"], r["seed"]): r for r in read_results(out, results_path, kept)}  # other shards'
     ledger = {"settings": cfg.model_dump(), "command": "rollwise bench ablate " + " ".join(
         f"--set {o}" for o in overrides), "progress": progress(everything, done, out, cfg.budget), "tasks": {}}
     runs = {task: [r for (t, _, s), r in done.items() if t == task and s in cfg.seeds] for task in tasks}
@@ -211,8 +247,9 @@ def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out
         raise
     except ConfigError as e:
         return record | {"refused": str(e)}
+    start = warm if cfg.recipe is None else Path(load_run_config(cfg.recipe, []).model.path)
     return record | run.record(seed) | {
-        "curve": run.curve, "correct": run.evals[-1]["correct"], "eval_correct": [e["correct"] for e in run.evals],
+        "start": start_digest(start), "curve": run.curve, "correct": run.evals[-1]["correct"], "eval_correct": [e["correct"] for e in run.evals],
         "steps": run.summary["steps"], "wall_seconds": run.seconds} | step_summary(run.steps)
 
 

@@ -215,12 +215,17 @@ def sections(table: dict[str, dict]) -> list[tuple[str | None, list[tuple[str, d
 
 def machines(records: list[dict]) -> dict[str, int]:
     """How many of a task's runs computed where and in which precision (``harness.computed_on``;
-    "unrecorded": runs that did not say), most runs first.
+    "unrecorded": runs that did not say), and from which starting weights (``start``, when recorded),
+    most runs first.
 
     >>> machines([{"computed_on": "A"}, {"computed_on": "B"}, {"computed_on": "A"}, {"refused": "x"}])
     {'A': 2, 'B': 1}
+    >>> machines([{"computed_on": "A", "start": "3fa2"}, {"computed_on": "A", "start": "b7c0"}])
+    {'A, from weights 3fa2': 1, 'A, from weights b7c0': 1}
     """
-    return dict(Counter(r.get("computed_on") or "unrecorded" for r in records if "refused" not in r).most_common())
+    return dict(Counter((r.get("computed_on") or "unrecorded") + (f", from weights {r['start']}" if r.get("start")
+                                                                  else "")
+                        for r in records if "refused" not in r).most_common())
 
 
 def machines_line(counts: dict[str, int]) -> str | None:
@@ -231,8 +236,8 @@ def machines_line(counts: dict[str, int]) -> str | None:
     if len(counts) == 1:
         (where, n), = counts.items()
         return f"Computed on: {where} — all {n} run{'s' if n > 1 else ''}."
-    return ("Computed on more than one machine or precision — the rows mix computations; a difference may be "
-            "the machine's: " + "; ".join(f"{where}: {n} run{'s' if n > 1 else ''}" for where, n in counts.items())
+    return ("Computed on more than one machine or precision, or from other starting weights — the rows mix "
+            "computations; a difference may be the machine's: " + "; ".join(f"{where}: {n} run{'s' if n > 1 else ''}" for where, n in counts.items())
             + ".")
 
 

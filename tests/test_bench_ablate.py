@@ -377,7 +377,9 @@ def test_bench_ablate_smoke_resumes(tmp_path):
     assert "sampling_seed: 1001" in config and "\nseed: 1\n" in config
     md = (out / "ledger.md").read_text()
     assert "| baseline ≡ objective:dr_grpo |" in md and "Noise floor" in md and "Runs: 8 of 8 finished." in md
-    assert f"Computed on: {records[BASELINE, 0]['computed_on']} — all 8 runs." in md  # this machine, as it records
+    start = records[BASELINE, 0]["start"]  # the warm start's weights, one for every run
+    assert len(start) == 12 and {r["start"] for r in records.values()} == {start}
+    assert f"Computed on: {records[BASELINE, 0]['computed_on']}, from weights {start} — all 8 runs." in md
     assert "sampling float32, update float32" in records[BASELINE, 0]["computed_on"]
     assert "<table>" in (out / "ledger.html").read_text()
     # the curves: each row's mean over seeds starts at the start's accuracy; a panel per method arm
@@ -419,6 +421,7 @@ def test_bench_ablate_on_a_recipe(tmp_path):
     records = {r["arm"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
     assert set(records) == {BASELINE, "regime:epochs2"} and {r["task"] for r in records.values()} == {"tiny_add"}
     assert all(r["generated_tokens"] >= 100 and r["seed"] == 3 for r in records.values())
+    assert all(r["start"] is None for r in records.values())  # a preset's fresh weights: no file to name
     assert not list(out.glob("warm_*"))  # no SFT warm start
     for arm, iterations in ((BASELINE, 1), ("regime:epochs2", 2)):
         config = (out / "runs" / f"tiny_add_{arm.replace(':', '_')}_3" / "config.yaml").read_text()

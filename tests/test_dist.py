@@ -7,7 +7,9 @@
 - a worker killed mid-step: its prompts are re-issued, the step completes with the same
   completions, the worker is replaced;
 - async with workers equals async in-process; a run cut short and resumed with workers leaves
-  the files of the uninterrupted run; a SIGKILLed driver resumes (slow);
+  the files of the uninterrupted run; a SIGKILLed driver resumes; episodes on workers equal the
+  in-process run; scoring on the driver gives the workers' rewards; without restarts a run goes
+  on with fewer workers (these slow: make test-all — each part is in the default suite alone);
 - bad combinations are ConfigErrors.
 """
 
@@ -137,6 +139,7 @@ def test_two_workers_train_like_the_in_process_run(tmp_path, warm, cluster, in_p
         assert a["loss"] == b["loss"] and a["tokens/generated"] == b["tokens/generated"]
 
 
+@pytest.mark.slow  # ~10 s of Ray (beside the other test worker): the scoring path only; two_workers covers workers
 def test_scoring_on_the_driver_gives_the_same_rewards(tmp_path, warm, cluster, in_process):
     _, local_steps, _, _ = in_process
     _, steps, _, _ = run(tmp_path, warm, "driver", "rollout.workers=2", "rollout.score_on=driver")
@@ -197,6 +200,7 @@ def test_a_killed_worker_loses_no_prompt(tmp_path, warm, cluster, in_process):
     assert steps[2]["dist/workers"] == 2 and steps[2]["dist/lost_workers"] == 0  # the replacement works
 
 
+@pytest.mark.slow  # ~10 s of Ray (beside the other test worker): killed_worker covers a lost worker
 def test_without_restarts_the_run_goes_on_with_fewer_workers(tmp_path, warm, cluster, in_process):
     local, _, _, _ = in_process
 
@@ -218,6 +222,7 @@ def test_losing_the_last_worker_is_a_clear_error(tmp_path, warm, cluster):
         run(tmp_path, warm, "last", "rollout.workers=1", "rollout.worker_restarts=0", before_step=kill)
 
 
+@pytest.mark.slow  # ~10 s of Ray (beside the other test worker): async and workers each tested apart
 def test_async_with_workers_equals_async_in_process(tmp_path, warm, cluster):
     """What async with workers guarantees, on every CPU: the same sampled ids step after step,
     behaviour log-probs equal up to float rounding, and final weights equal up to what that
@@ -326,6 +331,7 @@ def test_combinations_workers_cannot_run_are_config_errors(tmp_path, warm, extra
         Trainer(load_run_config(None, sets(tmp_path, warm, "bad", "rollout.workers=2", *extra)))
 
 
+@pytest.mark.slow  # ~10 s of Ray (beside the other test worker): episodes and workers each tested apart
 def test_episodes_on_two_workers_equal_the_in_process_run(tmp_path, warm, cluster):
     """``rollout.environment`` with workers: each worker runs the episodes of its prompts with its own
     environments; the trained batches and weights equal the in-process run's."""

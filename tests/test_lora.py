@@ -349,6 +349,7 @@ def test_sft_with_lora_saves_a_merged_plain_model(tmp_path):
 
 # -- Ray rollout workers -----------------------------------------------------------------------
 
+@pytest.mark.slow  # ~22 s with its Ray cluster; LoRA in process and Ray workers are each tested apart
 def test_ray_workers_sample_with_the_adapter_and_train_like_in_process(tmp_path, warm, ray_cluster):
     from rollwise.dist.pool import from_numpy
 

@@ -247,9 +247,9 @@ def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out
         raise
     except ConfigError as e:
         return record | {"refused": str(e)}
-    start = warm if cfg.recipe is None else Path(load_run_config(cfg.recipe, []).model.path)
+    start = warm if cfg.recipe is None else load_run_config(cfg.recipe, []).model.path  # None: a preset's
     return record | run.record(seed) | {
-        "start": start_digest(start), "curve": run.curve, "correct": run.evals[-1]["correct"], "eval_correct": [e["correct"] for e in run.evals],
+        "start": start and start_digest(Path(start)), "curve": run.curve, "correct": run.evals[-1]["correct"], "eval_correct": [e["correct"] for e in run.evals],
         "steps": run.summary["steps"], "wall_seconds": run.seconds} | step_summary(run.steps)
 
 

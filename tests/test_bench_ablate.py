@@ -300,17 +300,19 @@ def test_a_ledger_that_mixes_machines_or_precisions_says_so(tmp_path):
 def test_progress_counts_finished_runs_and_shows_begun_ones(tmp_path):
     """The ledger says how complete it is: finished of planned, and where each begun run stands."""
     everything = [("arith", s, a) for s in (0, 1) for a in (BASELINE, "control:vade")]
-    done = {("arith", BASELINE, 0): {}, ("arith", "control:vade", 0): {},
-            ("arith", "control:gdro", 0): {}}  # gdro: not planned
+    done = {("arith", BASELINE, 0): {"wall_seconds": 1800.0}, ("arith", "control:vade", 0): {"wall_seconds": 3000.0},
+            ("arith", "control:gdro", 0): {"wall_seconds": 9e9}}  # gdro: not planned (nor in the mean)
     run_dir = tmp_path / "runs" / "arith_control_vade_1"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": .3}) + "\n"
                                           + json.dumps({"step": 7, "tokens/total": 3500}) + "\n")
     got = progress(everything, done, tmp_path, lambda task: 40_000)
     assert got == {"finished": 2, "planned": 4, "begun": [{"task": "arith", "arm": "control:vade", "seed": 1,
-                                                             "step": 7, "tokens": 3500, "budget": 40_000}]}
+                                                             "step": 7, "tokens": 3500, "budget": 40_000}],
+                   "mean_run_seconds": 2400.0}
     md = to_markdown({"command": "c", "progress": got, "tasks": {}})
-    assert "Runs: 2 of 4 finished; begun: control:vade seed 1 (step 7, 3,500 of 40,000 tokens)." in md
+    assert ("Runs: 2 of 4 finished; begun: control:vade seed 1 (step 7, 3,500 of 40,000 tokens). Left: 2 runs, "
+            "~1.3 run-hours (a finished run took 40 minutes on average).") in md
 
 
 def test_a_refused_resume_stops_the_ablation_where_a_refused_config_is_recorded(tmp_path, monkeypatch):

@@ -223,7 +223,10 @@ def progress(everything: list[tuple[str, int, str]], done: dict, out: Path, budg
         if steps:
             begun.append({"task": task, "arm": arm, "seed": seed, "step": steps[-1]["step"],
                           "tokens": int(steps[-1]["tokens/total"]), "budget": budget(task)})
-    return {"finished": sum((t, a, s) in done for t, s, a in everything), "planned": len(everything), "begun": begun}
+    walls = [done[t, a, s]["wall_seconds"] for t, s, a in everything
+             if (t, a, s) in done and "wall_seconds" in done[t, a, s]]
+    return {"finished": sum((t, a, s) in done for t, s, a in everything), "planned": len(everything), "begun": begun,
+            "mean_run_seconds": sum(walls) / len(walls) if walls else None}
 
 
 def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out: Path, console) -> dict:

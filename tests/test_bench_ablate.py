@@ -292,7 +292,8 @@ def test_a_ledger_that_mixes_machines_or_precisions_says_so(tmp_path):
     assert counts == {here: 2, "Xeon (AVX-512, native bf16), sampling bfloat16, update bfloat16": 1}
     md = to_markdown({"command": "c", "computed_on": {"arith": counts}, "tasks": {"arith": {}}})
     assert ("Computed on more than one machine or precision, or from other starting weights — the rows mix "
-            f"computations; a difference may be the machine's: {here}: 2 runs; Xeon (AVX-512, native bf16), sampling bfloat16, update bfloat16: 1 run.") in md
+            f"computations; a difference may be the machine's: {here}: 2 runs; Xeon (AVX-512, native bf16), "
+            "sampling bfloat16, update bfloat16: 1 run.") in md
     same = to_markdown({"command": "c", "computed_on": {"arith": machines(got[:1] + got[2:])}, "tasks": {"arith": {}}})
     assert f"Computed on: {here} — all 2 runs." in same and "more than one" not in same
 

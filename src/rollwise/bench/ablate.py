@@ -34,6 +34,7 @@ what its controller did; written as ``ledger.json``, ``ledger.md``, ``ledger.htm
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -147,9 +148,11 @@ def keep_run(kept: Path, record: dict) -> None:
     part.replace(path)
 
 
+@functools.lru_cache
 def start_digest(path: Path) -> str | None:
     """A digest of the weights a run begins from (its model directory's ``*.safetensors``; None for
-    anything else, e.g. a packaged GGUF): runs that began from other weights are not one ledger."""
+    anything else, e.g. a packaged GGUF): runs that began from other weights are not one ledger.
+    Read once per process: every run of an ablation begins from the start it built before them."""
     files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
     if not files:
         return None
@@ -252,7 +255,8 @@ def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out
         return record | {"refused": str(e)}
     start = warm if cfg.recipe is None else load_run_config(cfg.recipe, []).model.path  # None: a preset's
     return record | run.record(seed) | {
-        "start": start and start_digest(Path(start)), "curve": run.curve, "correct": run.evals[-1]["correct"], "eval_correct": [e["correct"] for e in run.evals],
+        "start": start and start_digest(Path(start)), "curve": run.curve, "correct": run.evals[-1]["correct"],
+        "eval_correct": [e["correct"] for e in run.evals],
         "steps": run.summary["steps"], "wall_seconds": run.seconds} | step_summary(run.steps)
 
 

@@ -237,7 +237,8 @@ def machines_line(counts: dict[str, int]) -> str | None:
         (where, n), = counts.items()
         return f"Computed on: {where} — all {n} run{'s' if n > 1 else ''}."
     return ("Computed on more than one machine or precision, or from other starting weights — the rows mix "
-            "computations; a difference may be the machine's: " + "; ".join(f"{where}: {n} run{'s' if n > 1 else ''}" for where, n in counts.items())
+            "computations; a difference may be the machine's: "
+            + "; ".join(f"{where}: {n} run{'s' if n > 1 else ''}" for where, n in counts.items())
             + ".")
 
 

@@ -242,6 +242,20 @@ def test_tokens_ratio_is_a_geometric_mean_with_a_positive_interval():
     assert 0 < lo < 1 < hi and lo * hi == pytest.approx(1.0)  # symmetric about 1 on the log scale
 
 
+def test_a_seed_that_never_reached_counts_at_its_lower_bound():
+    """Four seeds reach the baseline's final accuracy at half its tokens; the fifth never does by its
+    last eval at 100 tokens (the baseline's own): it counts as ≥ 1×, not left out — the ratio is read
+    from every seed, not the lucky ones, and the cell says it is a lower bound."""
+    runs, arms = ledger_runs()
+    for r in runs:
+        if r["arm"] == "objective:dapo" and r["seed"] == 4:
+            r["curve"] = [(0, 0.3), (50, 0.45), (100, 0.49)]
+    row = summarize(runs, arms)["objective:dapo"]
+    assert (row["reached"], row["tokens_ratio_seeds"]) == (4, 5)
+    assert row["tokens_ratio"] == pytest.approx(0.5 ** 0.8)  # (0.5^4 · 1)^(1/5); leaving seed 4 out: 0.5
+    assert cells("objective:dapo", row)[7].startswith(f"≥{0.5 ** 0.8:.2f}× (4/5) [")
+
+
 def test_zero_signal_share_and_controller_metrics_per_arm_also_for_older_records(tmp_path):
     """A record keeps its run's share of trained groups without reward spread (steps weighted by their
     trained groups) and its controller's mean metrics; a record written before it did gets both from

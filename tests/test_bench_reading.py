@@ -14,9 +14,11 @@ from rollwise.bench.reading import read_table, reading_lines
 from rollwise.bench.stats import NO_DIFFERENCE
 
 
-def row(seeds=5, verdict=NO_DIFFERENCE, difference=0.0, ci=(-0.03, 0.03), p=0.5, p_holm=1.0, ratio_ci=None):
+def row(seeds=5, verdict=NO_DIFFERENCE, difference=0.0, ci=(-0.03, 0.03), p=0.5, p_holm=1.0, ratio_ci=None,
+        reached=5):
     return {"seeds": seeds, "verdict": verdict, "difference": difference, "ci95": list(ci), "p": p,
-            "p_holm": p_holm, "tokens_ratio_ci95": ratio_ci, "lines": []}
+            "p_holm": p_holm, "tokens_ratio_ci95": ratio_ci, "reached": reached, "tokens_ratio_seeds": seeds,
+            "lines": []}
 
 
 def table(**arms):
@@ -52,6 +54,18 @@ def test_a_claim_only_when_family_wise():
     assert "`objective:dapo` loses to its baseline family-wise" in text
     assert "`control:gdro` reads better on its own p (0.045) but not family-wise (Holm p 0.360): not claimed" in text
     assert "No method arm differs" not in text and "4 method arms" in text
+
+
+def test_fewer_tokens_is_never_read_from_an_arm_with_a_seed_that_never_got_there():
+    """An interval below 1× with a seed counted at its lower bound is not "fewer" (that seed could be far
+    slower); an interval above 1× is "more" either way (the bound only understates it)."""
+    rows = table(**{"control:vade": row(ratio_ci=[0.3, 0.9], reached=4),
+                    "control:gdro": row(ratio_ci=[1.2, 2.0], reached=3),
+                    "control:xrpo_alloc": row(ratio_ci=[0.3, 0.9])})
+    got = read_table(rows, look=5)
+    assert got["faster"] == ["control:xrpo_alloc"] and got["slower"] == ["control:gdro"]
+    assert got["never_reached"] == {"control:vade": 1, "control:gdro": 2}
+    assert "`control:gdro` (2 of its seeds never got there) needed more" in "\n".join(reading_lines(got))
 
 
 def test_none_differs_says_so_with_the_range_it_cannot_tell_from_none():

@@ -341,12 +341,27 @@ def tokens_ratios(mine: Mapping[int, dict], base: Mapping[int, dict]) -> list[fl
     """Per seed both ran (``{seed: run}`` with ``curve`` and ``final_accuracy``): the tokens the arm
     took to first reach the baseline's final accuracy over the tokens the baseline took; seeds where
     the arm never did (or the baseline was there from the start) are left out."""
+    return [ratio for ratio, reached in censored_tokens_ratios(mine, base) if reached]
+
+
+def censored_tokens_ratios(mine: Mapping[int, dict], base: Mapping[int, dict]) -> list[tuple[float, bool]]:
+    """``tokens_ratios`` without leaving out the seeds where the arm never reached the baseline's final
+    accuracy: each seed's ``(ratio, reached)``, a seed that never reached it at the tokens of its
+    last eval over the baseline's — a lower bound, the ratio it would have at best (its reached False).
+    Leaving those seeds out would read an arm from its lucky seeds only.
+
+    >>> base = {0: {"final_accuracy": .5, "curve": [(0, .3), (100, .5)]}}
+    >>> censored_tokens_ratios({0: {"curve": [(0, .3), (50, .5)]}}, base)
+    [(0.5, True)]
+    >>> censored_tokens_ratios({0: {"curve": [(0, .3), (150, .4)]}}, base)
+    [(1.5, False)]
+    """
     out = []
     for s in (s for s in mine if s in base):
-        target = base[s]["final_accuracy"]
-        reached, theirs = tokens_to_reach(mine[s]["curve"], target), tokens_to_reach(base[s]["curve"], target)
-        if reached is not None and theirs:
-            out.append(reached / theirs)
+        target, curve = base[s]["final_accuracy"], mine[s]["curve"]
+        reached, theirs = tokens_to_reach(curve, target), tokens_to_reach(base[s]["curve"], target)
+        if theirs and (reached is not None or curve):
+            out.append((reached / theirs, True) if reached is not None else (curve[-1][0] / theirs, False))
     return out
 
 

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from rollwise.bench.arms import BASELINE, arm_lines, baseline_of, split_arm
-from rollwise.bench.harness import NOISE_FLOOR, departs_at, metric_means, paired, ratio_mean, tokens_ratios
+from rollwise.bench.harness import (NOISE_FLOOR, censored_tokens_ratios, departs_at, metric_means, paired,
+                                    ratio_mean)
 from rollwise.bench.reading import method_arms, reading_lines
 from rollwise.bench.stats import add_holm, identical_groups, seed_test, verdict
 
@@ -93,14 +94,16 @@ def summarize(runs: list[dict], arms: list[str]) -> dict[str, dict]:
             continue
         base = {s: r for s, r in by_arm.get(baseline_of(arm), {}).items() if "refused" not in r}
         seeds = sorted(s for s in rs if s in base)
-        ratios, curves = tokens_ratios(rs, base), [r["curve"] for r in rs.values() if r.get("curve")]
-        ratio, ratio_ci = ratio_mean(ratios)  # geometric: 2x and 0.5x equally far from 1
+        ratios, curves = censored_tokens_ratios(rs, base), [r["curve"] for r in rs.values() if r.get("curve")]
+        ratio, ratio_ci = ratio_mean([x for x, _ in ratios])  # geometric: 2x and 0.5x equally far from 1
         row = {"ids": [arm], "lines": arm_lines(arm), "seeds": len(rs),
                "accuracies": [rs[s]["final_accuracy"] for s in sorted(rs)],
                "accuracy_mean": statistics.mean(rs[s]["final_accuracy"] for s in rs),
                "steps_mean": statistics.mean(r.get("steps", 0) for r in rs.values()),
                "wall_seconds": statistics.mean(r["wall_seconds"] for r in rs.values()),
-               "tokens_ratio": ratio, "reached": len(ratios), "tokens_ratio_ci95": ratio_ci,
+               # a seed that never reached the baseline's final accuracy counts at its lower bound (a "≥" ratio)
+               "tokens_ratio": ratio, "reached": sum(r for _, r in ratios), "tokens_ratio_seeds": len(ratios),
+               "tokens_ratio_ci95": ratio_ci,
                "curve": mean_curve(curves) if curves else None,  # accuracy over generated tokens, mean over seeds
                "zero_signal_share": _mean([r.get("zero_signal_share") for r in rs.values()]),
                "control": metric_means([r.get("control", {}) for r in rs.values()]),  # mean of the runs' means
@@ -184,7 +187,9 @@ def cells(arm: str, row: dict) -> list[str]:
     line = ", ".join(f"`{x}`" for x in row["lines"]) or "—"
     if "refused" in row:
         return [ids, line, *["—"] * 8, f"refused: {row['refused']}"]
-    ratio = "—" if row["tokens_ratio"] is None else f"{row['tokens_ratio']:.2f}× ({row['reached']}/{row['seeds']})"
+    at_least = "≥" if row["reached"] < row.get("tokens_ratio_seeds", row["reached"]) else ""  # a seed never reached
+    ratio = "—" if row["tokens_ratio"] is None else (
+        f"{at_least}{row['tokens_ratio']:.2f}× ({row['reached']}/{row['seeds']})")
     if row.get("tokens_ratio_ci95"):
         lo, hi = row["tokens_ratio_ci95"]
         ratio += f" [{lo:.2f}, {hi:.2f}]"

@@ -14,7 +14,10 @@ it says how far the rows are from being read. Then, per table (one regime):
   effects the ledger could not tell from none;
 - the second number, generated tokens to the baseline's final accuracy: the arms whose interval
   (geometric mean over seeds, log-scale t interval) excludes 1× — a secondary measure, not
-  adjusted over the family, so stated and not claimed;
+  adjusted over the family, so stated and not claimed. A seed on which the arm never reached that
+  accuracy counts at its lower bound (its last eval's tokens over the baseline's), so "more" stays
+  a safe reading and "fewer" is never read from an arm's lucky seeds: an arm with such a seed is
+  not listed as needing fewer;
 - the noise floor's own verdict first: when it is not "no detectable difference" the rule has
   failed its check and every verdict is in doubt.
 
@@ -37,6 +40,11 @@ def _points(claim: dict) -> str:
     return f"Δ {claim['difference'] * 100:+.1f}{interval} points"
 
 
+def _censored(row: dict) -> bool:
+    """A seed of the row never reached the baseline's final accuracy: its ratio is only a lower bound."""
+    return row.get("reached", 0) < row.get("tokens_ratio_seeds", row.get("reached", 0))
+
+
 def method_arms(rows: dict[str, dict]) -> list[str]:
     """A table's method arms: neither a baseline nor the noise floor."""
     return [arm for arm in rows if arm != baseline_of(arm) and split_arm(arm)[0] != NOISE_FLOOR]
@@ -46,8 +54,9 @@ def read_table(rows: dict[str, dict], look: int) -> dict:
     """The reading of one table (one regime's rows, keyed by arm): ``ready`` once every arm has ``look``
     seeds paired with the baseline, then ``claimed`` (family-wise better/worse), ``per_arm_only``,
     ``failed`` (refused arms), ``bounds`` (the lowest and highest interval ends of the arms without a
-    family-wise verdict, in points), ``faster``/``slower`` (tokens-ratio intervals excluding 1) and
-    the noise floor's verdict."""
+    family-wise verdict, in points), ``faster``/``slower`` (tokens-ratio intervals excluding 1),
+    ``never_reached`` (per arm, seeds that never reached the baseline's final accuracy) and the
+    noise floor's verdict."""
     arms = method_arms(rows)
     run = [a for a in arms if "refused" not in rows[a]]
     short = [a for a in rows if "refused" not in rows[a] and rows[a].get("seeds", 0) < look]
@@ -67,8 +76,9 @@ def read_table(rows: dict[str, dict], look: int) -> dict:
                           "p_holm": rows[a].get("p_holm")} for a in alone],
         "failed": [a for a in arms if "refused" in rows[a]],
         "bounds": [min(lo for lo, _ in rest) * 100, max(hi for _, hi in rest) * 100] if rest else None,
-        "faster": [a for a, (_, hi) in ratios.items() if hi < 1],
-        "slower": [a for a, (lo, _) in ratios.items() if lo > 1]}
+        "faster": [a for a, (_, hi) in ratios.items() if hi < 1 and not _censored(rows[a])],
+        "slower": [a for a, (lo, _) in ratios.items() if lo > 1],
+        "never_reached": {a: rows[a]["tokens_ratio_seeds"] - rows[a]["reached"] for a in run if _censored(rows[a])}}
 
 
 def reading_lines(reading: dict) -> list[str]:
@@ -96,9 +106,11 @@ def reading_lines(reading: dict) -> list[str]:
             f"; the arms' intervals span {reading['bounds'][0]:+.1f} to {reading['bounds'][1]:+.1f} points — effects "
             "inside that range are not told apart from none")
         lines.append(f"- No method arm differs detectably from its baseline family-wise{bounds}.")
+    never = reading.get("never_reached", {})
     for key, word in (("faster", "fewer"), ("slower", "more")):
         if reading[key]:
-            arms = ", ".join(f"`{a}`" for a in reading[key])
+            arms = ", ".join(f"`{a}`" + (f" ({never[a]} of its seeds never got there)" if a in never else "")
+                             for a in reading[key])
             lines.append(f"- Generated tokens to the baseline's final accuracy: {arms} needed {word} than the "
                          "baseline (interval excludes 1×; a secondary measure, not adjusted over the family: stated, "
                          "not claimed).")

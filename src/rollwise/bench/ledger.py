@@ -349,7 +349,7 @@ def plot_curves(ledger: dict, runs: dict[str, list[dict]], path: Path) -> bool:
     plt = _pyplot()
     cols = min(3, len(panels))
     rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False, dpi=90, sharey=True)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.8 * rows), squeeze=False, dpi=90, sharey=True)
     for ax, (task, title, base, arms) in zip(axes.flat, panels):
         table, records = ledger["tasks"][task], runs.get(task, [])
         lines = [(base, "black"), *([(NOISE_FLOOR, "grey")] if base == BASELINE else []),
@@ -366,7 +366,7 @@ def plot_curves(ledger: dict, runs: dict[str, list[dict]], path: Path) -> bool:
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
         ax.set_xlabel("generated tokens", fontsize=7)
-        ax.legend(fontsize=6, loc="lower right")
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.16), frameon=False)  # below: never over a curve
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     axes[0][0].set_ylabel("greedy eval accuracy (mean over seeds)", fontsize=7)

@@ -30,7 +30,7 @@ import numpy as np
 from rollwise.bench.arms import BASELINE, arm_lines, baseline_of, split_arm
 from rollwise.bench.harness import (NOISE_FLOOR, censored_tokens_ratios, departs_at, metric_means, paired,
                                     ratio_mean)
-from rollwise.bench.reading import method_arms, reading_lines
+from rollwise.bench.reading import method_arms, never_reached, reading_lines
 from rollwise.bench.stats import add_holm, identical_groups, seed_test, verdict
 
 RULE = ("Δ: the arm's greedy accuracy minus its baseline's, in points, paired by seed and by prompt (the same "
@@ -187,7 +187,7 @@ def cells(arm: str, row: dict) -> list[str]:
     line = ", ".join(f"`{x}`" for x in row["lines"]) or "—"
     if "refused" in row:
         return [ids, line, *["—"] * 8, f"refused: {row['refused']}"]
-    at_least = "≥" if row["reached"] < row.get("tokens_ratio_seeds", row["reached"]) else ""  # a seed never reached
+    at_least = "≥" if never_reached(row) else ""  # a seed's ratio is a lower bound
     ratio = "—" if row["tokens_ratio"] is None else (
         f"{at_least}{row['tokens_ratio']:.2f}× ({row['reached']}/{row['seeds']})")
     if row.get("tokens_ratio_ci95"):

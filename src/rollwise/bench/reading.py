@@ -40,9 +40,10 @@ def _points(claim: dict) -> str:
     return f"Δ {claim['difference'] * 100:+.1f}{interval} points"
 
 
-def _censored(row: dict) -> bool:
-    """A seed of the row never reached the baseline's final accuracy: its ratio is only a lower bound."""
-    return row.get("reached", 0) < row.get("tokens_ratio_seeds", row.get("reached", 0))
+def never_reached(row: dict) -> int:
+    """The row's seeds that never reached the baseline's final accuracy (their tokens ratio only a lower
+    bound); 0 for a row written before they were counted."""
+    return row.get("tokens_ratio_seeds", row.get("reached", 0)) - row.get("reached", 0)
 
 
 def method_arms(rows: dict[str, dict]) -> list[str]:
@@ -76,9 +77,9 @@ def read_table(rows: dict[str, dict], look: int) -> dict:
                           "p_holm": rows[a].get("p_holm")} for a in alone],
         "failed": [a for a in arms if "refused" in rows[a]],
         "bounds": [min(lo for lo, _ in rest) * 100, max(hi for _, hi in rest) * 100] if rest else None,
-        "faster": [a for a, (_, hi) in ratios.items() if hi < 1 and not _censored(rows[a])],
+        "faster": [a for a, (_, hi) in ratios.items() if hi < 1 and not never_reached(rows[a])],
         "slower": [a for a, (lo, _) in ratios.items() if lo > 1],
-        "never_reached": {a: rows[a]["tokens_ratio_seeds"] - rows[a]["reached"] for a in run if _censored(rows[a])}}
+        "never_reached": {a: n for a in run if (n := never_reached(rows[a]))}}
 
 
 def reading_lines(reading: dict) -> list[str]:

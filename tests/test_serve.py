@@ -275,7 +275,7 @@ def test_only_the_most_recently_used_episodes_keep_their_cache(served):
     """A standalone server keeps the KV of at most ``max_cached`` episodes' last calls (least recently
     used dropped): memory is bounded, and a dropped episode is still continued token-faithfully."""
     s = served
-    s.service.max_cached, kept = 2, s.service.max_cached
+    s.service.episodes.max_cached, kept = 2, s.service.episodes.max_cached
     try:
         for tag in ("lru-a", "lru-b", "lru-c"):
             s.client.chat.completions.create(model=MODEL, messages=HI, max_tokens=3,
@@ -285,7 +285,7 @@ def test_only_the_most_recently_used_episodes_keep_their_cache(served):
                   for tag in ("lru-a", "lru-b", "lru-c")}
         assert has_kv == {"lru-a": False, "lru-b": True, "lru-c": True}
     finally:
-        s.service.max_cached = kept
+        s.service.episodes.max_cached = kept
 
 
 def test_the_episode_header_tags_the_plain_route(served):
@@ -305,11 +305,11 @@ def test_a_run_episode_ignores_the_request_seed(served):
     kw = dict(model=MODEL, messages=HI, max_tokens=16)
     texts = {}
     for tag, key, seed in [("run-a", (5, 0, 0), 1234), ("run-b", (5, 0, 1), 1234), ("run-a2", (5, 0, 0), None)]:
-        s.service.open(tag, key)
+        s.service.episodes.open(tag, key)
         ep = openai.OpenAI(base_url=s.server.episode_url(tag), api_key="unused", max_retries=0)
         texts[tag] = ep.chat.completions.create(**kw, **({} if seed is None else {"seed": seed})).choices[0]
         ep.close()
-        s.service.close(tag)
+        s.service.episodes.close(tag)
     assert texts["run-a"].message.content == texts["run-a2"].message.content  # the key decides, not seed=1234
     assert texts["run-a"].message.content != texts["run-b"].message.content  # the group's episodes differ
     standalone = [s.client.chat.completions.create(**kw, seed=1234, extra_headers={"X-Rollwise-Episode": tag})
@@ -322,7 +322,7 @@ def test_concurrent_calls_on_one_episode_take_distinct_call_indices(served):
     another (each call's index is taken when it starts), and are recorded in that order."""
     s = served
     kw = dict(model=MODEL, messages=HI, max_tokens=16, logprobs=True)
-    s.service.open("seq", (9, 1, 0))
+    s.service.episodes.open("seq", (9, 1, 0))
     ep = openai.OpenAI(base_url=s.server.episode_url("seq"), api_key="unused", max_retries=0)
     one_by_one = [sampled_ids(s.tok, ep.chat.completions.create(**kw).choices[0]) for _ in range(4)]
     ep.close()
@@ -333,7 +333,7 @@ def test_concurrent_calls_on_one_episode_take_distinct_call_indices(served):
                                       max_retries=0) as client:
             return await asyncio.gather(*(client.chat.completions.create(**kw) for _ in range(4)))
 
-    s.service.open("gather", (9, 1, 0))
+    s.service.episodes.open("gather", (9, 1, 0))
     s.engine.release.clear()
     s.engine.stall_at = s.engine.stats.steps  # hold the engine so all 4 are in flight before any finishes
     try:
@@ -348,8 +348,8 @@ def test_concurrent_calls_on_one_episode_take_distinct_call_indices(served):
     assert box, "the concurrent calls did not finish"
     together_ids = [sampled_ids(s.tok, r.choices[0]) for r in box[0]]
     assert sorted(together_ids) == sorted(one_by_one)  # 4 distinct samples: calls 0..3, not call 0 four times
-    assert [c.choices[0].ids for c in s.service.close("gather").calls] == one_by_one  # recorded by index
-    s.service.close("seq")
+    assert [c.choices[0].ids for c in s.service.episodes.close("gather").calls] == one_by_one  # recorded by index
+    s.service.episodes.close("seq")
 
 
 # -- a training run's episode budget: tokens across segments and choices, n and segments capped ----
@@ -371,7 +371,7 @@ def test_the_episode_budget_counts_every_segment_and_choice(scripted):
     s = scripted
     s.engine.text = "abcd"  # 4 ids + EOS per choice
     tag = "budget"
-    s.service.open(tag, (1, 2, 3))
+    s.service.episodes.open(tag, (1, 2, 3))
     ep = openai.OpenAI(base_url=s.server.episode_url(tag), api_key="unused", max_retries=0)
     with run_limits(s.service, episode_budget=13):
         r1 = ep.chat.completions.create(model=MODEL, messages=HI)  # 5 sampled
@@ -383,16 +383,16 @@ def test_the_episode_budget_counts_every_segment_and_choice(scripted):
         with pytest.raises(openai.BadRequestError) as err:
             ep.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Yet again"}])
         assert err.value.code == "episode_budget_exhausted" and "13" in err.value.message
-    s.service.close(tag)
+    s.service.episodes.close(tag)
 
-    s.service.open(tag, (1, 2, 3))
+    s.service.episodes.open(tag, (1, 2, 3))
     with run_limits(s.service, episode_budget=12):
         r = ep.chat.completions.create(model=MODEL, messages=HI, n=2)  # 2 choices share what is left: 6 each
         assert r.usage.completion_tokens == 10
         with pytest.raises(openai.BadRequestError) as err:
             ep.chat.completions.create(model=MODEL, messages=HI, n=3)  # 2 left: not one token for each choice
         assert err.value.code == "episode_budget_exhausted"
-    s.service.close(tag)
+    s.service.episodes.close(tag)
     ep.close()
 
 
@@ -400,7 +400,7 @@ def test_a_run_caps_n_and_segments(scripted):
     s = scripted
     s.engine.text = "ab"
     tag = "caps"
-    s.service.open(tag, (4, 5, 6))
+    s.service.episodes.open(tag, (4, 5, 6))
     ep = openai.OpenAI(base_url=s.server.episode_url(tag), api_key="unused", max_retries=0)
     with run_limits(s.service, max_n=2, max_segments=3):
         with pytest.raises(openai.BadRequestError) as err:
@@ -419,8 +419,8 @@ def test_a_run_caps_n_and_segments(scripted):
     for _ in range(4):
         s.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "z"}], n=3,
                                          extra_headers={"X-Rollwise-Episode": "uncapped"})
-    s.service.close(tag)
-    s.service.close("uncapped")
+    s.service.episodes.close(tag)
+    s.service.episodes.close("uncapped")
     ep.close()
 
 # -- errors: OpenAI's shape, and the server keeps serving --------------------------------------------

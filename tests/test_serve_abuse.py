@@ -67,8 +67,8 @@ def test_an_api_key_is_required(keyed):
 
 def test_a_run_endpoint_serves_only_the_episodes_it_opened(keyed):
     service = keyed.service
-    service.open("opened", (1, 2, 3))
-    with run_limits(service, open_tags_only=True):
+    service.episodes.open("opened", (1, 2, 3))
+    with run_limits(service.episodes, open_tags_only=True):
         with client(keyed.episode_url("opened")) as c:
             c.chat.completions.create(model=MODEL, messages=HI)
         with pytest.raises(openai.NotFoundError) as err, client(keyed.episode_url("guessed")) as c:
@@ -78,7 +78,7 @@ def test_a_run_endpoint_serves_only_the_episodes_it_opened(keyed):
             c.chat.completions.create(model=MODEL, messages=HI, extra_headers={"X-Rollwise-Episode": "guessed"})
         r = httpx.delete(keyed.url.removesuffix("/v1") + "/episodes/opened", headers={"Authorization": f"Bearer {KEY}"})
         assert r.status_code == 403  # the run closes its episodes
-    assert "guessed" not in service.episodes and len(service.close("opened").calls) == 1
+    assert "guessed" not in service.episodes and len(service.episodes.close("opened").calls) == 1
 
 
 @pytest.mark.parametrize("host, ok", [("127.0.0.1", True), ("localhost", True), ("[::1]", True),
@@ -134,20 +134,20 @@ def test_an_episode_past_its_call_or_token_cap_is_refused(keyed):
         assert err.value.code == "episode_budget_exhausted" and "DELETE" in err.value.message
     assert service.episodes["fat"].recorded == 6 and len(service.episodes["capped"].calls) == 2
     for tag in ("capped", "fat"):
-        service.close(tag)
+        service.episodes.close(tag)
 
 
 def test_tags_a_server_opened_are_forgotten_past_the_recorded_cap(keyed):
     service = keyed.service
-    service.open("run-tag", (0, 0, 0))  # a training run's episode is never forgotten here
-    with client(keyed.url) as c, run_limits(service, max_recorded_tokens=30):
+    service.episodes.open("run-tag", (0, 0, 0))  # a training run's episode is never forgotten here
+    with client(keyed.url) as c, run_limits(service.episodes, max_recorded_tokens=30):
         for i in range(8):  # 6 ids recorded per call (3 prompt, "ok" + EOS)
             c.chat.completions.create(model=MODEL, messages=HI, extra_headers={"X-Rollwise-Episode": f"many-{i}"})
             assert sum(lg.recorded for lg in service.episodes.values() if not lg.run) <= 30
     assert [t for t in service.episodes if t.startswith("many-")] == [f"many-{i}" for i in range(3, 8)]
     assert "run-tag" in service.episodes
     for tag in list(service.episodes):
-        service.close(tag)
+        service.episodes.close(tag)
 
 
 def test_kept_caches_are_bounded_in_bytes(slots):
@@ -156,7 +156,7 @@ def test_kept_caches_are_bounded_in_bytes(slots):
         c.chat.completions.create(model=MODEL, messages=HI, max_tokens=8, extra_headers={"X-Rollwise-Episode": "kv-0"})
         one = service.episodes["kv-0"].kv
         assert one > 0  # measured from the kept tensors
-        with run_limits(service, kv_cache_mb=2.5 * one / (1 << 20)):
+        with run_limits(service.episodes, kv_cache_mb=2.5 * one / (1 << 20)):
             for i in range(1, 5):
                 c.chat.completions.create(model=MODEL, messages=HI, max_tokens=8,
                                           extra_headers={"X-Rollwise-Episode": f"kv-{i}"})
@@ -165,7 +165,7 @@ def test_kept_caches_are_bounded_in_bytes(slots):
     assert all(c.completion is None or c.completion.kv is None
                for t in ("kv-0", "kv-1", "kv-2") for call in service.episodes[t].calls for c in call.choices)
     for tag in list(service.episodes):
-        service.close(tag)
+        service.episodes.close(tag)
 
 
 def test_a_message_far_past_the_context_is_refused_before_tokenizing(keyed):
@@ -330,7 +330,7 @@ def test_load_and_abuse_leave_the_server_answering_within_a_memory_bound(slots, 
             abuse = [await bad(b, w) for b, w in bodies]
         return good, abuse
 
-    with run_limits(service, max_episodes=100, kv_cache_mb=1.0):
+    with run_limits(service.episodes, max_episodes=100, kv_cache_mb=1.0):
         with client(s.url, "-") as c:  # warm up: the engine's cache and the server's first allocations
             for i in range(20):
                 c.chat.completions.create(model=MODEL, messages=HI, max_tokens=2,
@@ -350,4 +350,4 @@ def test_load_and_abuse_leave_the_server_answering_within_a_memory_bound(slots, 
     with client(s.url, "-") as c:
         assert c.chat.completions.create(model=MODEL, messages=HI, max_tokens=4).usage.completion_tokens >= 1
     for tag in list(service.episodes):
-        service.close(tag)
+        service.episodes.close(tag)

@@ -102,10 +102,10 @@ def create_app(service: ChatService, *, api_key: str | None = None, host: str = 
 
     @app.delete("/episodes/{tag}")
     def close_episode(tag: str) -> dict:
-        if service.open_tags_only:
+        if service.episodes.open_tags_only:
             raise ApiError(403, "this endpoint serves a training run: its episodes are closed by the run", "tag",
                            "episode_owned_by_run")
-        return {"id": tag, "object": "episode", "deleted": service.close(tag) is not None}
+        return {"id": tag, "object": "episode", "deleted": service.episodes.close(tag) is not None}
 
     return app
 

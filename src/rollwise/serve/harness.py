@@ -226,12 +226,12 @@ class HarnessSampler(Generator):
         service.stop_ids = self.params.stop_token_ids or service.stop_ids
         episodes = [(pi, f"{seed}-{pi}-{j}", (seed, pi, j)) for pi, n in enumerate(budgets) for j in range(n)]
         for _, tag, key in episodes:  # call k samples as an in-process episode's turn k (EpisodeSampler's seeds)
-            service.open(tag, key)
+            service.episodes.open(tag, key)
         jobs = [(tag, endpoint.server.episode_url(tag), _row(prompts[pi])) for pi, tag, _ in episodes]
         try:
             outcomes, killed = self._run(endpoint, jobs)
         finally:
-            logs = {tag: service.close(tag) for _, tag, _ in episodes}
+            logs = {tag: service.episodes.close(tag) for _, tag, _ in episodes}
             _drain(endpoint.server)  # the closed episodes' unfinished requests are aborted now, not at the next step
         groups = [RolloutGroup(prompt=p, rollouts=[]) for p in prompts]
         counts = {"calls": 0, "segments": 0, "failed": 0}
@@ -269,7 +269,7 @@ class HarnessSampler(Generator):
             for tag, reward, reason in results:
                 outcomes[tag] = (reward, reason)
                 if reason:
-                    service.cancel(tag, reason)
+                    service.episodes.cancel(tag, reason)
             if len(outcomes) == len(jobs):
                 return True
             if ended or time.monotonic() > deadline:
@@ -281,7 +281,7 @@ class HarnessSampler(Generator):
                 for tag, _, _ in jobs:
                     if tag not in outcomes:
                         outcomes[tag] = (None, why)
-                        service.cancel(tag, why)
+                        service.episodes.cancel(tag, why)
                 return True
             return False
 

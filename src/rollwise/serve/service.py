@@ -19,16 +19,13 @@ samples its call k with ``derive(*key, k)`` — an in-process episode's turn k �
 the request names, so a run's harness calls sample the same tokens every run and the episodes of
 a group differ. Elsewhere a request's ``seed``, else the tag's key and the call's index, else
 the service's seed and a counter. A call's index is taken when it starts (concurrent calls on one
-tag never share one). Budgets and memory caps: ``serve/episodes.py`` and ``ChatService``.
+tag never share one). Budgets and memory caps: ``serve/episodes.py`` (``Episodes``) and ``ChatService``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import zlib
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
@@ -38,13 +35,12 @@ from rollwise.engine.state import continuation
 from rollwise.generate.conversation import ChatRenderer
 from rollwise.seeds import derive
 from rollwise.serve.driver import EngineDriver, Job
-from rollwise.serve.episodes import Call, Choice, EpisodeLog, Ticket, drop_kv, kv_bytes
+from rollwise.serve.episodes import Call, Choice, EpisodeLog, Episodes, Ticket, drop_kv, kv_bytes
 from rollwise.serve.schema import (ApiError, ChatRequest, Message, completion_id, envelope, token_logprobs)
 
-__all__ = ["ChatService", "Call", "Choice", "EpisodeLog"]
+__all__ = ["ChatService", "Call", "Choice", "EpisodeLog", "Episodes"]
 
-TAGGED, UNTAGGED = 1, 2  # seed-derivation keys of a server's own tags and of untagged requests (ints: derive hashes)
-MB = 1 << 20
+UNTAGGED = 2  # seed-derivation key of untagged requests (episodes.TAGGED is 1)
 CHARS_PER_TOKEN = 100  # more than any vocabulary's tokens average: past max_len × this, text cannot fit
 
 
@@ -69,7 +65,7 @@ class ChatService:
     kept episode caches; ``max_calls`` and ``max_tag_tokens`` (ids recorded: prompts and completions)
     each tag; ``max_recorded_tokens`` all tags a server opened itself (least recently used forgotten
     first); a training run's ``episode_budget`` (tokens sampled + inserted per episode),
-    ``max_segments`` and ``max_n``. ``open_tags_only``: only tags ``open`` made are served (a
+    ``max_segments`` and ``max_n``. ``open_tags_only``: only tags ``episodes.open`` made are served (a
     training run's endpoint: nobody else's calls are recorded and trained).
     """
 
@@ -83,19 +79,15 @@ class ChatService:
         self.renderer = ChatRenderer(tokenizer, fmt)
         self.model_name, self.max_len, self.seed = model_name, max_len, seed
         self.default_max_tokens = default_max_tokens
-        self.max_episodes = max_episodes  # tags a standalone server keeps (oldest forgotten first)
-        # episodes whose last call keeps its KV cache to continue from (least recently used dropped first:
-        # a dropped one is prefilled whole on its next call); a SmolLM2 episode of 500 tokens holds ~23 MB
-        self.max_cached, self.kv_cache_mb = max_cached, kv_cache_mb
-        self.max_calls, self.max_tag_tokens, self.max_recorded_tokens = max_calls, max_tag_tokens, max_recorded_tokens
+        self.max_calls, self.max_tag_tokens = max_calls, max_tag_tokens
         # a training run's settings: temperature, top-p and top-k are the run's whatever a request asks (the
         # update recomputes log-probs under them); an episode's sampled and inserted tokens, its segments and
         # a call's choices are capped
         self.sampling, self.episode_budget = sampling, episode_budget
-        self.max_n, self.max_segments, self.open_tags_only = max_n, max_segments, open_tags_only
-        self.episodes: OrderedDict[str, EpisodeLog] = OrderedDict()
-        # a training run opens and closes tags from its own thread while the server's loop reads and evicts them
-        self.lock = threading.RLock()
+        self.max_n, self.max_segments = max_n, max_segments
+        # the recorded tags (a training run opens and closes its own: service.episodes.open(tag, key), .close(tag))
+        self.episodes = Episodes(seed, max_episodes=max_episodes, max_cached=max_cached, kv_cache_mb=kv_cache_mb,
+                                 max_recorded_tokens=max_recorded_tokens, open_tags_only=open_tags_only)
         self.stop_ids = tuple(t for t in {tokenizer.eos_token_id} if t is not None)
         self._counter = 0
 
@@ -103,56 +95,12 @@ class ChatService:
     def engine(self):
         return self.driver.engine
 
-    # -- episodes ---------------------------------------------------------------------------------
-    def open(self, tag: str, key: tuple[int, ...]) -> None:
-        """Open a training run's episode: call k samples with ``derive(*key, k)`` whatever seed it asks."""
-        with self.lock:
-            self.episodes[tag] = EpisodeLog(tuple(key), run=True)
-
-    def close(self, tag: str) -> EpisodeLog | None:
-        """Forget an episode (its unfinished requests are aborted); return its record."""
-        with self.lock:
-            self.cancel(tag, "the episode was closed")
-            return self.episodes.pop(tag, None)
-
-    def cancel(self, tag: str, why: str = "the episode's requests were cancelled") -> None:
-        """Abort an episode's unfinished requests (at the engine's next step); keep its record."""
-        log = self.episodes.get(tag)
-        for job in list(log.jobs) if log else []:
-            job.cancel(why)
-
-    def _log(self, tag: str | None) -> EpisodeLog | None:
-        if tag is None:
-            return None
-        with self.lock:
-            return self._touch(tag)
-
-    def _touch(self, tag: str) -> EpisodeLog:
-        if tag not in self.episodes:
-            if self.open_tags_only:
-                raise ApiError(404, f"episode '{tag}' is not open: this endpoint serves a training run and records "
-                               "only the episodes the run opened (use the base URL the run gave you)", "tag",
-                               "episode_not_found")
-            self.episodes[tag] = EpisodeLog((self.seed, TAGGED, zlib.crc32(tag.encode())))
-            self._forget_oldest(lambda: len(self.episodes) > self.max_episodes, keep=tag)
-        self.episodes.move_to_end(tag)  # most recently used last
-        return self.episodes[tag]
-
-    def _forget_oldest(self, too_many, keep: str) -> None:
-        """Forget tags this server opened itself, least recently used first, while ``too_many()``
-        (a training run's episodes are closed by the run, never here; a call in flight still
-        answers, unrecorded)."""
-        for tag in [t for t, lg in self.episodes.items() if not lg.run and t != keep]:
-            if not too_many():
-                return
-            del self.episodes[tag]
-
     # -- one request -------------------------------------------------------------------------------
     def prepare(self, req: ChatRequest, tag: str | None) -> Work:
         """Check the request, render it, reserve its episode's budgets, build the engine work; errors
         are ``ApiError``s."""
         self._check(req)
-        log = self._log(tag)
+        log = None if tag is None else self.episodes.touch(tag)
         chained = self._chain(log, req.messages) if log else None
         try:
             if chained:
@@ -359,22 +307,7 @@ class ChatService:
         call = Call([m.key() for m in req.messages], choices, [m.as_chat() for m in req.messages], work.ticket.index)
         log.add(call, work.ticket, work.inserted)
         log.kv = kv_bytes(call)
-        with self.lock:
-            self._bound_memory(keep=next((t for t, lg in reversed(self.episodes.items()) if lg is log), ""))
-
-    def _bound_memory(self, keep: str) -> None:
-        """Kept caches within ``kv_cache_mb`` and ``max_cached`` episodes, recorded ids within
-        ``max_recorded_tokens`` (least recently used dropped first)."""
-        cached = [lg for lg in self.episodes.values() if lg.kv]
-        total = sum(lg.kv for lg in cached)
-        for n, old in enumerate(cached):
-            if total <= self.kv_cache_mb * MB and len(cached) - n <= self.max_cached:
-                break
-            for call in old.calls:
-                drop_kv(call)
-            total, old.kv = total - old.kv, 0
-        self._forget_oldest(lambda: sum(lg.recorded for lg in self.episodes.values() if not lg.run)
-                            > self.max_recorded_tokens, keep=keep)
+        self.episodes.bound(log)
 
     async def _stream(self, req: ChatRequest, work: Work, events: asyncio.Queue) -> AsyncIterator[str]:
         """Server-sent events: a role chunk, content deltas as tokens are sampled (with tools: the

@@ -315,26 +315,25 @@ def _fill_remix(data: dict) -> dict:
     return data
 
 
-def _fill_stale_token_correction(data: dict) -> dict:
-    if off_policy_source(data) is None:
-        return data
+def _fill_token_correction(data: dict, source: Callable[[dict], str | None]) -> dict:
+    """objective.tis_mode = token_truncate where ``source(data)`` names why sampled tokens are not the
+    trained policy's, unless the recipe or the objective preset sets tis_mode."""
     objective = data.get("objective") or {}
     if not isinstance(objective, dict) or objective.get("tis_mode") is not None:
         return data
-    if "tis_mode" in PRESETS.get(objective.get("method", "grpo"), {}):
+    if "tis_mode" in PRESETS.get(objective.get("method", "grpo"), {}) or source(data) is None:
         return data
     return {**data, "objective": {**objective, **STALE_TOKEN_OBJECTIVE}}
+
+
+def _fill_stale_token_correction(data: dict) -> dict:
+    return _fill_token_correction(data, off_policy_source)
 
 
 def _fill_low_precision_correction(data: dict) -> dict:
     from rollwise.train.precision import lower_precision_source
 
-    objective = data.get("objective") or {}
-    if not isinstance(objective, dict) or objective.get("tis_mode") is not None:
-        return data
-    if "tis_mode" in PRESETS.get(objective.get("method", "grpo"), {}) or lower_precision_source(data) is None:
-        return data
-    return {**data, "objective": {**objective, **STALE_TOKEN_OBJECTIVE}}
+    return _fill_token_correction(data, lower_precision_source)
 
 
 def _fill_nudge(data: dict) -> dict:

@@ -72,29 +72,14 @@ def test_a_conversational_row_samples_through_the_endpoint_exactly_the_in_proces
     """hermes through a chat template: the same row and seeds give, through the agent and the endpoint,
     the in-process episode's first prompt (system message + the tools' system text + the question with
     its instructions), and the same sampled ids, inserted tool-message ids and behaviour log-probs."""
-    from rollwise.serve.harness import HarnessSampler
-    from test_harness import digits_stop
+    from test_harness import assert_same_episodes, calculator_pairs
 
     engine, tok = chat_engine
-    params = SamplingParams(max_new_tokens=40, stop_token_ids=digits_stop(tok))
-    fmt = AlwaysCall()
-    inproc = EpisodeSampler(params, tok, episode_envs("calculator", 10.0, 2000), fmt, max_turns=2)
-    harness = HarnessSampler(params, tok, fmt, rollout)
-    try:
-        want, _ = inproc.generate(engine, ROWS, [3, 3], seed=5)
-        got, metrics = harness.generate(engine, ROWS, [3, 3], seed=5)
-    finally:
-        harness.close()
-    assert metrics["harness/failed"] == 0 and metrics["harness/segments_mean"] == 1
-    first = tok.decode(want[0].rollouts[0].prompt_ids)
+    pairs = calculator_pairs(engine, tok, AlwaysCall(), ROWS, seed=5)
+    first = tok.decode(pairs[0][0].prompt_ids)
     assert first.startswith("<|im_start|>system\nAnswer arithmetic questions.\n\nYou can call these tools.")
     assert "Calculate 347 * 58.\n\nGive the final answer as \\boxed{N}.<|im_end|>" in first
-    pairs = [(a, b) for gw, gg in zip(want, got) for a, b in zip(gw.rollouts, gg.rollouts)]
-    assert any(a.loss_weights for a, _ in pairs)  # some episodes did insert a tool result
-    for a, b in pairs:
-        assert b.prompt_ids == a.prompt_ids
-        assert (b.completion_ids, b.loss_weights) == (a.completion_ids, a.loss_weights)
-        assert torch.allclose(torch.tensor(b.behavior_logprobs), torch.tensor(a.behavior_logprobs), atol=1e-5)
+    assert_same_episodes(pairs)
 
 
 @pytest.mark.slow

@@ -416,9 +416,10 @@ class AlwaysCall(type(FORMATS["plain"])):
         return [ToolCall("calculate", {"expression": "6*7"})]
 
 
-def test_the_openai_only_harness_samples_exactly_the_in_process_episodes(engine_and_tok):
-    """examples/calculator_harness.py through the endpoint and the built-in calculator environment in
-    process: the same prompts and seeds give the same ids, masks and behaviour log-probs — token-faithful."""
+def calculator_pairs(engine, tok, fmt, prompts, seed: int) -> list:
+    """Two-turn calculator episodes of ``prompts`` (3 each), sampled in process and through
+    examples/calculator_harness.py's agent and the endpoint, paired rollout by rollout (in-process
+    first); the harness failed none and continued every episode in one segment."""
     import sys
     from pathlib import Path
 
@@ -428,19 +429,28 @@ def test_the_openai_only_harness_samples_exactly_the_in_process_episodes(engine_
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from examples.calculator_harness import rollout
 
-    engine, tok = engine_and_tok
     params = SamplingParams(max_new_tokens=40, stop_token_ids=digits_stop(tok))
-    fmt = AlwaysCall()
     inproc = EpisodeSampler(params, tok, episode_envs("calculator", 10.0, 2000), fmt, max_turns=2)
     harness = HarnessSampler(params, tok, fmt, rollout)
     try:
-        want, _ = inproc.generate(engine, PROMPTS, [3, 3], seed=11)
-        got, metrics = harness.generate(engine, PROMPTS, [3, 3], seed=11)
+        want, _ = inproc.generate(engine, prompts, [3] * len(prompts), seed=seed)
+        got, metrics = harness.generate(engine, prompts, [3] * len(prompts), seed=seed)
     finally:
         harness.close()
     assert metrics["harness/failed"] == 0 and metrics["harness/segments_mean"] == 1
-    pairs = [(a, b) for gw, gg in zip(want, got) for a, b in zip(gw.rollouts, gg.rollouts)]
+    return [(a, b) for gw, gg in zip(want, got) for a, b in zip(gw.rollouts, gg.rollouts)]
+
+
+def assert_same_episodes(pairs: list) -> None:
+    """Token-faithful: the same prompt, sampled and inserted ids, masks and behaviour log-probs."""
     assert any(a.loss_weights for a, _ in pairs)  # some episodes did insert a tool result
     for a, b in pairs:
         assert (b.prompt_ids, b.completion_ids, b.loss_weights) == (a.prompt_ids, a.completion_ids, a.loss_weights)
         assert torch.allclose(torch.tensor(b.behavior_logprobs), torch.tensor(a.behavior_logprobs), atol=1e-5)
+
+
+def test_the_openai_only_harness_samples_exactly_the_in_process_episodes(engine_and_tok):
+    """examples/calculator_harness.py through the endpoint and the built-in calculator environment in
+    process: the same prompts and seeds give the same ids, masks and behaviour log-probs — token-faithful."""
+    engine, tok = engine_and_tok
+    assert_same_episodes(calculator_pairs(engine, tok, AlwaysCall(), PROMPTS, seed=11))

@@ -32,6 +32,7 @@ from rollwise.model.logprobs import token_logprobs_and_entropy
 from rollwise.model.tiny import build_tiny
 from rollwise.optim.objective import ObjectiveConfig
 from rollwise.optim.update import UpdateSpec, policy_update
+from test_precision import trainer_for  # a tiny arith run on the defaults, + the test's settings
 
 SAMPLES = Path(__file__).parent / "fixtures" / "cpuinfo"
 GRAD_REL, GRAD_COS, LOGPROB_GAP = 2e-2, 0.999, 4e-3  # the bounds (module docstring)
@@ -195,17 +196,6 @@ def test_a_bad_value_names_the_field():
 
 
 # -- in a run ------------------------------------------------------------------------------------
-def trainer_for(tmp_path, *sets):
-    from rollwise.train.config import load_run_config
-    from rollwise.train.loop import Trainer
-
-    cfg = load_run_config(None, [f"output_dir={tmp_path}", "task.max_digits=1", "task.eval_size=4",
-                                 "rollout.prompts_per_step=2", "rollout.num_generations=4",
-                                 "rollout.max_new_tokens=8", "train.eval_every=0", "train.checkpoint_every=0",
-                                 "model.threads=1", "optim.skip_zero_advantage=false", *sets])
-    return Trainer(cfg)
-
-
 def test_auto_on_this_avx2_sample_updates_in_fp32(tmp_path, caplog):
     with caplog.at_level("INFO", logger="rollwise.train.precision"):
         t = trainer_for(tmp_path)  # conftest pins the AVX2 sample

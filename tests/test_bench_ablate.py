@@ -6,7 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rollwise.bench.ablate import all_arms, load_ablate_config, progress, read_results
+from rollwise.bench.ablate import all_arms, load_ablate_config, progress, read_results, run_name
 from rollwise.bench.arms import BASELINE, arm_lines, default_arms, ratio_presets
 from rollwise.bench.harness import NOISE_FLOOR
 from rollwise.bench.ledger import cells, machines, summarize, to_markdown
@@ -327,7 +327,7 @@ def test_progress_counts_finished_runs_and_shows_begun_ones(tmp_path):
                    "mean_run_seconds": 2400.0}
     md = to_markdown({"command": "c", "progress": got, "tasks": {}})
     assert ("Runs: 2 of 4 finished; begun: control:vade seed 1 (step 7, 3,500 of 40,000 tokens). Left: 2 runs, "
-            "~1.3 run-hours (a finished run took 40 minutes on average).") in md
+            "~1.3 run-hours (a finished run took 40 minutes of RL steps on average).") in md
 
 
 def test_a_refused_resume_stops_the_ablation_where_a_refused_config_is_recorded(tmp_path, monkeypatch):
@@ -372,6 +372,9 @@ def test_bench_ablate_smoke_resumes(tmp_path):
     assert len(lines) == 8  # (baseline, noise floor, 2 arms) x 2 seeds
     assert all(reward == 0 for r in records.values() for _, reward in r["trace"])  # no signal anywhere
     assert all(r["zero_signal_share"] == 1.0 and r["control"] == {} for r in records.values())
+    for (arm, seed), r in records.items():  # the RL wall time the trainer sums over a resumed run's sessions
+        summary = json.loads((out / "runs" / run_name("arith", arm, seed) / "summary.json").read_text())
+        assert r["wall_seconds"] == summary["wall_seconds"] > 0
     table = json.loads((out / "ledger.json").read_text())["tasks"]["arith"]
     assert table[BASELINE]["ids"] == [BASELINE, "objective:dr_grpo"] and "objective:dr_grpo" not in table
     tree = table["strategy:tree"]

@@ -257,7 +257,7 @@ def _run(cfg: AblateBenchConfig, task: str, arm: str, seed: int, warm: Path, out
     return record | run.record(seed) | {
         "start": start and start_digest(Path(start)), "curve": run.curve, "correct": run.evals[-1]["correct"],
         "eval_correct": [e["correct"] for e in run.evals],
-        "steps": run.summary["steps"], "wall_seconds": run.seconds} | step_summary(run.steps)
+        "steps": run.summary["steps"]} | step_summary(run.steps)
 
 
 def step_summary(steps: list[dict]) -> dict:

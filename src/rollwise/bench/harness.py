@@ -209,7 +209,6 @@ class Run:
     evals: list[dict]  # per eval: step, wall (RL seconds), tokens (generated so far), accuracy, correct ('0'/'1')
     trace: list[list]  # per step: [tokens/generated, reward/mean] — what departure_step compares
     steps: list[dict]  # per step: the metrics train_run's ``keep`` selects
-    seconds: float  # the whole run, setup included
 
     @property
     def curve(self) -> list[tuple[int, float]]:
@@ -263,7 +262,6 @@ def train_run(sets: list[str], console, label: str, tokens: int | None = None, k
     if checkpoint_every:
         sets = [*sets, f"train.checkpoint_every={checkpoint_every}", "train.keep_checkpoints=1"]
     evals, trace, steps = [], [], []
-    start = time.perf_counter()
     with console.status(label) as status, Trainer(load_run_config(recipe, sets)) as trainer:
         resume = checkpoint_every > 0 and any((trainer.run_dir / "checkpoints").glob("step_*"))
         trainer.prepare(resume=resume, overwrite=not resume)  # else a killed bench runs its arm again in place
@@ -285,7 +283,7 @@ def train_run(sets: list[str], console, label: str, tokens: int | None = None, k
         evals, trace, steps = history(trainer.run_dir, keep)
     # a bench keeps its records, not weights: fit's final checkpoint (1.6 GB for SmolLM2-135M) goes
     shutil.rmtree(trainer.run_dir / "checkpoints", ignore_errors=True)
-    return Run(summary, evals, trace, steps, time.perf_counter() - start)
+    return Run(summary, evals, trace, steps)
 
 
 def history(run_dir: Path, keep: tuple[str, ...] = ()) -> tuple[list[dict], list[list], list[dict]]:

@@ -256,10 +256,11 @@ def noise_line(table: dict[str, dict]) -> str | None:
 
 def progress_line(progress: dict) -> str:
     """"Runs: 13 of 60 finished; begun: control:vade seed 1 (step 40, 21,400 of 40,000 tokens)." and, with
-    the finished runs' mean wall time, what is left in run-hours (an estimate: their load is in it).
+    the finished runs' mean RL wall time, what is left in run-hours (an estimate: their load is in it, their
+    model load and first and last eval are not).
 
     >>> progress_line({"finished": 2, "planned": 6, "begun": [], "mean_run_seconds": 2700.0})
-    'Runs: 2 of 6 finished. Left: 4 runs, ~3.0 run-hours (a finished run took 45 minutes on average).'
+    'Runs: 2 of 6 finished. Left: 4 runs, ~3.0 run-hours (a finished run took 45 minutes of RL steps on average).'
     """
     line = f"Runs: {progress['finished']} of {progress['planned']} finished"
     if progress["begun"]:
@@ -268,7 +269,7 @@ def progress_line(progress: dict) -> str:
     left, mean = progress["planned"] - progress["finished"], progress.get("mean_run_seconds")
     if left and mean:
         line += (f". Left: {left} run{'s' if left > 1 else ''}, ~{left * mean / 3600:.1f} run-hours (a finished run "
-                 f"took {mean / 60:.0f} minutes on average)")
+                 f"took {mean / 60:.0f} minutes of RL steps on average)")
     return line + "."
 
 

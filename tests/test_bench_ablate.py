@@ -498,5 +498,5 @@ def test_doctests():
     """The examples in the ledger's modules' docstrings hold (they are the functions' documentation)."""
     import doctest
 
-    from rollwise.bench import ablate, arms, harness, ledger
-    assert all(doctest.testmod(m).failed == 0 for m in (ablate, arms, harness, ledger))
+    from rollwise.bench import ablate, arms, compare, harness, ledger
+    assert all(doctest.testmod(m).failed == 0 for m in (ablate, arms, compare, harness, ledger))

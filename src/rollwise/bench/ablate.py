@@ -45,9 +45,10 @@ import torch
 from pydantic import Field
 
 from rollwise.bench.arms import BASELINE, REGIMES, arm_lines, baseline_of, check_arm, default_arms, split_arm
-from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, computed_on, history, load_settings, metric_means,
-                                    rl_sets, run_sets, seed_sets, session, task_sets, task_warm_start, threads_set,
-                                    train_run, write_json, zero_signal_share)
+from rollwise.bench.compare import metric_means, zero_signal_share
+from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, computed_on, history, load_settings, rl_sets,
+                                    run_sets, seed_sets, session, task_sets, task_warm_start, threads_set, train_run,
+                                    write_json)
 from rollwise.bench.ledger import machines, sections, summarize, write_ledger
 from rollwise.bench.reading import read_table
 from rollwise.config import ConfigError

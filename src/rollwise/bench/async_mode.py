@@ -38,9 +38,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from rollwise.bench.harness import (NOISE_FLOOR, GrpoBenchConfig, departs_at, grid, load_settings, paired,
-                                    ratio_cell, ratio_mean, rl_sets, seed_sets, session, table, threads_set,
-                                    tokens_to_reach, train_run, warm_start, write_json)
+from rollwise.bench.compare import departs_at, paired, ratio_mean, tokens_to_reach
+from rollwise.bench.harness import (NOISE_FLOOR, GrpoBenchConfig, grid, load_settings, ratio_cell, rl_sets, seed_sets,
+                                    session, table, threads_set, train_run, warm_start, write_json)
 from rollwise.bench.ledger import delta, verdict_cell
 from rollwise.bench.stats import add_holm
 from rollwise.config import ConfigError

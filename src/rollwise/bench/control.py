@@ -35,10 +35,10 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, departs_at, grid, load_settings, metric_means,
-                                    paired, ratio_cell, ratio_mean, rl_sets, seed_sets, session, table, task_sets,
-                                    task_warm_start, threads_set, tokens_ratios, tokens_to_reach, train_run,
-                                    write_json, zero_signal_share)
+from rollwise.bench.compare import (departs_at, metric_means, paired, ratio_mean, tokens_ratios, tokens_to_reach,
+                                    zero_signal_share)
+from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, grid, load_settings, ratio_cell, rl_sets, seed_sets,
+                                    session, table, task_sets, task_warm_start, threads_set, train_run, write_json)
 from rollwise.bench.ledger import control_line, delta, verdict_cell
 from rollwise.bench.stats import add_holm
 from rollwise.control import CONTROLLERS, EPISODES_ONLY

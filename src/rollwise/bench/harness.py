@@ -1,5 +1,5 @@
 """What every bench shares: settings, a session, the SFT warm start, recorded training runs, the
-noise floor, arms against a baseline, results JSON and tables.
+noise floor, results JSON and tables.
 
 A training bench is the same few moves on rollwise's public API (``load_run_config``, ``Trainer``:
 ``prepare``, ``fit``, ``state``):
@@ -12,8 +12,8 @@ A training bench is the same few moves on rollwise's public API (``load_run_conf
    start, no checkpoints or samples), the arm's lines, the seed's (``seed_sets``: the noise floor
    is the baseline with other rollout-sampling seeds) — recorded as a ``Run``: each eval's
    accuracy and per-prompt correctness, each step's generated tokens and mean reward;
-5. each arm against its baseline, paired by seed and prompt (``paired``, ``departs_at``, on
-   ``rollwise.bench.stats``), written as JSON (``write_json``) and printed as a ``table``.
+5. each arm against its baseline, paired by seed and prompt (``rollwise.bench.compare``), written
+   as JSON (``write_json``) and printed as a ``table``.
 
 Nothing here knows an arm: the benches say what their arms are.
 """
@@ -21,14 +21,12 @@ Nothing here knows an arm: the benches say what their arms are.
 from __future__ import annotations
 
 import json
-import math
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +36,7 @@ import torch
 from pydantic import Field
 from rich.table import Table
 
-from rollwise.bench.stats import correct_string, departure_step, paired_effect, seed_test
+from rollwise.bench.stats import correct_string
 from rollwise.config import StrictModel, apply_overrides, validate
 from rollwise.report.runs import read_jsonl
 
@@ -302,102 +300,6 @@ def history(run_dir: Path, keep: tuple[str, ...] = ()) -> tuple[list[dict], list
             trace.append([row.get("tokens/generated"), row.get("reward/mean")])
             steps.append({k: v for k, v in row.items() if k != "step" and (k.startswith(prefixes) or k in keep)})
     return evals, trace, steps
-
-
-# -- arms against their baseline ---------------------------------------------------------------
-def paired(mine: Mapping[int, dict], base: Mapping[int, dict], correct: Callable[[dict], str | None]) -> dict:
-    """The arm's effect against the baseline on the seeds both ran (``{seed: run}``), paired by seed
-    and prompt (``rollwise.bench.stats.paired_effect``; ``seeds`` left out); {} when a run has no
-    per-prompt correctness (``correct(run)`` None)."""
-    seeds = [s for s in mine if s in base]
-    if not seeds or any(correct(r) is None for r in [*(mine[s] for s in seeds), *(base[s] for s in seeds)]):
-        return {}
-    e = paired_effect({s: correct(mine[s]) for s in seeds}, {s: correct(base[s]) for s in seeds})
-    return {k: v for k, v in e.as_dict().items() if k != "seeds"}
-
-
-def departs_at(mine: Mapping[int, dict], base: Mapping[int, dict], steps: int | None = None) -> int | None:
-    """The first step at which the arm's runs (``{seed: run}`` with a ``trace``) sampled other tokens
-    or rewards than the baseline's on the same seed, over the first ``steps`` (None: all): the
-    earliest over seeds; None when they never did."""
-    found = [departure_step(mine[s]["trace"][:steps], base[s]["trace"][:steps])
-             for s in mine if s in base and "trace" in mine[s]]
-    return min((d for d in found if d is not None), default=None)
-
-
-def tokens_to_reach(curve: list[tuple[int, float]], target: float) -> int | None:
-    """Generated tokens at the first eval with accuracy >= ``target`` (None: never).
-
-    >>> tokens_to_reach([(0, .4), (100, .6), (200, .7)], .6)
-    100
-    """
-    return next((t for t, acc in curve if acc >= target - 1e-12), None)
-
-
-def tokens_ratios(mine: Mapping[int, dict], base: Mapping[int, dict]) -> list[float]:
-    """Per seed both ran (``{seed: run}`` with ``curve`` and ``final_accuracy``): the tokens the arm
-    took to first reach the baseline's final accuracy over the tokens the baseline took; seeds where
-    the arm never did (or the baseline was there from the start) are left out."""
-    return [ratio for ratio, reached in censored_tokens_ratios(mine, base) if reached]
-
-
-def censored_tokens_ratios(mine: Mapping[int, dict], base: Mapping[int, dict]) -> list[tuple[float, bool]]:
-    """``tokens_ratios`` without leaving out the seeds where the arm never reached the baseline's final
-    accuracy: each seed's ``(ratio, reached)``, a seed that never reached it at the tokens of its
-    last eval over the baseline's — a lower bound, the ratio it would have at best (its reached False).
-    Leaving those seeds out would read an arm from its lucky seeds only.
-
-    >>> base = {0: {"final_accuracy": .5, "curve": [(0, .3), (100, .5)]}}
-    >>> censored_tokens_ratios({0: {"curve": [(0, .3), (50, .5)]}}, base)
-    [(0.5, True)]
-    >>> censored_tokens_ratios({0: {"curve": [(0, .3), (150, .4)]}}, base)
-    [(1.5, False)]
-    """
-    out = []
-    for s in (s for s in mine if s in base):
-        target, curve = base[s]["final_accuracy"], mine[s]["curve"]
-        reached, theirs = tokens_to_reach(curve, target), tokens_to_reach(base[s]["curve"], target)
-        if theirs and (reached is not None or curve):
-            out.append((reached / theirs, True) if reached is not None else (curve[-1][0] / theirs, False))
-    return out
-
-
-def ratio_mean(ratios: list[float]) -> tuple[float | None, list[float] | None]:
-    """The geometric mean of per-seed ratios and its 95% t interval over seeds, taken on the log
-    scale and mapped back (None below one ratio / two): a ratio's interval stays positive, and 2× and
-    0.5× lie equally far from 1.
-
-    >>> ratio_mean([0.5, 2.0])[0]
-    1.0
-    >>> ratio_mean([0.5, 0.5, 0.5])
-    (0.5, [0.5, 0.5])
-    """
-    if not ratios:
-        return None, None
-    mean, ci, _ = seed_test([math.log(r) for r in ratios])
-    return round(math.exp(mean), 12), None if ci is None else [round(math.exp(x), 12) for x in ci]
-
-
-def zero_signal_share(step_metrics: list[dict]) -> float:
-    """Trained groups with zero signal (no reward spread) over all steps / trained groups.
-
-    >>> zero_signal_share([{"groups/zero_signal": .5, "groups/trained": 8},
-    ...                    {"groups/zero_signal": 0, "groups/trained": 8}])
-    0.25
-    """
-    zero = sum(m.get("groups/zero_signal", 0.0) * m.get("groups/trained", 0.0) for m in step_metrics)
-    return zero / max(sum(m.get("groups/trained", 0.0) for m in step_metrics), 1)
-
-
-def metric_means(step_metrics: list[dict], prefixes: tuple[str, ...] = ("control/", "arrol/")) -> dict[str, float]:
-    """The mean of each metric named with one of ``prefixes`` over the steps that logged it (what a
-    controller did: rounds, refills, picked pass rates), by name.
-
-    >>> metric_means([{"control/pool": 2, "x": 1}, {"control/pool": 4}])
-    {'control/pool': 3}
-    """
-    keys = sorted({k for m in step_metrics for k in m if k.startswith(prefixes)})
-    return {k: statistics.mean(m[k] for m in step_metrics if k in m) for k in keys}
 
 
 # -- output ------------------------------------------------------------------------------------

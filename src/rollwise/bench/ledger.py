@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from rollwise.bench.arms import BASELINE, arm_lines, baseline_of, split_arm
-from rollwise.bench.harness import (NOISE_FLOOR, censored_tokens_ratios, departs_at, metric_means, paired,
-                                    ratio_mean)
+from rollwise.bench.compare import censored_tokens_ratios, departs_at, metric_means, paired, ratio_mean
+from rollwise.bench.harness import NOISE_FLOOR
 from rollwise.bench.reading import method_arms, never_reached, reading_lines
 from rollwise.bench.stats import add_holm, identical_groups, seed_test, verdict
 

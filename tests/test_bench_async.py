@@ -44,6 +44,17 @@ def test_summary_by_hand():
     assert rr["accuracy_mean"] == 0.58 and rr["wall_seconds"] == 90 and rr["speedup_vs_sync"] == pytest.approx(100 / 90)
 
 
+def test_a_seed_that_never_reached_sync_counts_at_its_lower_bound():
+    """Leaving out the seed that never reached sync's accuracy would read the arm from its lucky seed (0.5×)."""
+    sync = [run(s, 100.0, [(0, 0, 0, 0.4), (10, 50, 1000, 0.5), (20, 100, 2000, 0.6)]) for s in (0, 1)]
+    remix = [run(0, 100.0, [(0, 0, 0, 0.4), (10, 50, 1000, 0.6), (20, 100, 2000, 0.6)]),
+             run(1, 100.0, [(0, 0, 0, 0.4), (10, 50, 1000, 0.5), (20, 100, 2000, 0.55)])]
+    row = summarize({"sync": sync, "remix": remix}, ["sync", "remix"], 20)["remix"]
+    # seed 0: 1,000 / 2,000 tokens; seed 1 never reached .6: at least its last eval's 2,000 / 2,000
+    assert (row["reached"], row["tokens_ratio_seeds"]) == (1, 2)
+    assert row["tokens_ratio"] == pytest.approx((0.5 * 1.0) ** 0.5)
+
+
 def test_eval_every_must_divide_steps():
     from rollwise.bench.async_mode import load_async_bench_config
     from rollwise.config import ConfigError

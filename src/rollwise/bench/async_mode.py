@@ -26,7 +26,8 @@ Reported per arm (mean over seeds, spread = max − min):
 - the staleness histogram of trained tokens (share at 0, 1, 2 versions behind);
 - generation and update idle fractions (async: each side's waiting time / wall time);
 - for replay arms: generated tokens to reach the ``sync`` arm's accuracy at ``steps``, as a
-  ratio to the tokens ``sync`` itself took to first reach it (the control bench's definition).
+  ratio to the tokens ``sync`` itself took to first reach it (the control bench's definition: a
+  seed that never reached it counts at its lower bound, shown ``≥``).
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from rollwise.bench.compare import departs_at, paired, ratio_mean, tokens_to_reach
-from rollwise.bench.harness import (NOISE_FLOOR, GrpoBenchConfig, grid, load_settings, ratio_cell, rl_sets, seed_sets,
+from rollwise.bench.compare import departs_at, paired, ratio_cell, tokens_ratio_fields
+from rollwise.bench.harness import (NOISE_FLOOR, GrpoBenchConfig, grid, load_settings, rl_sets, seed_sets,
                                     session, table, threads_set, train_run, warm_start, write_json)
 from rollwise.bench.ledger import delta, verdict_cell
 from rollwise.bench.stats import add_holm
@@ -145,7 +146,7 @@ def summarize(runs: dict[str, list[dict]], arms: list[str], steps: int) -> dict[
         rs = runs.get(arm) or []
         if not rs:
             continue
-        speed, at_wall, base_at_wall, token_ratios = [], [], [], []
+        speed, at_wall, base_at_wall, mine_curves, base_curves = [], [], [], {}, {}
         for r in rs:
             b = base.get(r["seed"])
             if b is None:
@@ -155,12 +156,9 @@ def summarize(runs: dict[str, list[dict]], arms: list[str], steps: int) -> dict[
             wall = min(theirs["wall"], mine["wall"])  # the faster run's time to `steps`
             at_wall.append(accuracy_at_wall(r["curve"], wall))
             base_at_wall.append(accuracy_at_wall(b["curve"], wall))
-            target = theirs["accuracy"]
-            reached = tokens_to_reach([(c["tokens"], c["accuracy"]) for c in r["curve"]], target)
-            base_reached = tokens_to_reach([(c["tokens"], c["accuracy"]) for c in b["curve"] if c["step"] <= steps],
-                                           target)
-            if reached is not None and base_reached:
-                token_ratios.append(reached / base_reached)
+            mine_curves[r["seed"]] = {"curve": [(c["tokens"], c["accuracy"]) for c in r["curve"]]}
+            base_curves[r["seed"]] = {"final_accuracy": theirs["accuracy"],
+                                      "curve": [(c["tokens"], c["accuracy"]) for c in b["curve"] if c["step"] <= steps]}
         ends = [at_step(r, steps) for r in rs]
         acc = [c["accuracy"] for c in ends]
         last = [r["step_metrics"][-1] for r in rs if r["step_metrics"]]
@@ -176,7 +174,7 @@ def summarize(runs: dict[str, list[dict]], arms: list[str], steps: int) -> dict[
             "staleness": {str(k): v for k, v in
                           staleness_histogram([m for r in rs for m in r["step_metrics"]]).items()},
             "idle_fraction": idle,
-            "tokens_ratio": ratio_mean(token_ratios)[0], "reached": len(token_ratios),
+            **tokens_ratio_fields(mine_curves, base_curves),
             "tokens_at_steps": statistics.mean(c["tokens"] for c in ends),
             "final_accuracy_mean": statistics.mean(r["final_accuracy"] for r in rs), "seeds": len(rs),
         } | ({} if arm == "sync" else effect_at_steps(rs, base, steps))

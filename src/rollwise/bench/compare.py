@@ -1,6 +1,6 @@
 """Each arm against its baseline: paired by seed and prompt (``paired``), where its sampling first
 departed from the baseline's (``departs_at``), the generated tokens it took to reach the baseline's
-final accuracy (``tokens_to_reach``, ``censored_tokens_ratios``, ``ratio_mean``), and what its
+final accuracy (``tokens_ratio_fields``, shown by ``ratio_cell``), and what its
 steps did (``zero_signal_share``, ``metric_means``). Runs are ``{seed: run}``: a bench's
 records (``rollwise.bench.harness.Run.record`` and what the bench adds, ``curve``, ``correct``); the statistics are ``rollwise.bench.stats``'.
 """
@@ -43,13 +43,6 @@ def tokens_to_reach(curve: list[tuple[int, float]], target: float) -> int | None
     return next((t for t, acc in curve if acc >= target - 1e-12), None)
 
 
-def tokens_ratios(mine: Mapping[int, dict], base: Mapping[int, dict]) -> list[float]:
-    """Per seed both ran (``{seed: run}`` with ``curve`` and ``final_accuracy``): the tokens the arm
-    took to first reach the baseline's final accuracy over the tokens the baseline took; seeds where
-    the arm never did (or the baseline was there from the start) are left out."""
-    return [ratio for ratio, reached in censored_tokens_ratios(mine, base) if reached]
-
-
 def censored_tokens_ratios(mine: Mapping[int, dict], base: Mapping[int, dict]) -> list[tuple[float, bool]]:
     """``tokens_ratios`` without leaving out the seeds where the arm never reached the baseline's final
     accuracy: each seed's ``(ratio, reached)``, a seed that never reached it at the tokens of its
@@ -85,6 +78,44 @@ def ratio_mean(ratios: list[float]) -> tuple[float | None, list[float] | None]:
         return None, None
     mean, ci, _ = seed_test([math.log(r) for r in ratios])
     return round(math.exp(mean), 12), None if ci is None else [round(math.exp(x), 12) for x in ci]
+
+
+def tokens_ratio_fields(mine: Mapping[int, dict], base: Mapping[int, dict]) -> dict:
+    """A row's second number: the generated tokens the arm took to reach the baseline's final accuracy
+    over the baseline's own, per seed both ran (``censored_tokens_ratios``: a seed that never reached it
+    counts at its lower bound) — the geometric mean and its interval (``ratio_mean``), the seeds that
+    reached it (``reached``) of those compared (``tokens_ratio_seeds``).
+
+    >>> base = {s: {"final_accuracy": .5, "curve": [(0, .3), (100, .5)]} for s in (0, 1)}
+    >>> tokens_ratio_fields({0: {"curve": [(50, .5)]}, 1: {"curve": [(200, .4)]}}, base)["reached"]
+    1
+    """
+    ratios = censored_tokens_ratios(mine, base)
+    ratio, ci = ratio_mean([x for x, _ in ratios])
+    return {"tokens_ratio": ratio, "tokens_ratio_ci95": ci, "reached": sum(r for _, r in ratios),
+            "tokens_ratio_seeds": len(ratios)}
+
+
+def never_reached(row: dict) -> int:
+    """The row's seeds that never reached the baseline's final accuracy (their tokens ratio only a lower
+    bound); 0 for a row written before they were counted."""
+    return row.get("tokens_ratio_seeds", row.get("reached", 0)) - row.get("reached", 0)
+
+
+def ratio_cell(row: dict) -> str:
+    """'≥0.85× (3/5) [0.52, 1.39]': tokens to the baseline's final accuracy (≥ when a seed never
+    reached it: the ratio is then a lower bound), the seeds that reached it, and its interval.
+
+    >>> ratio_cell({"tokens_ratio": .85, "reached": 3, "tokens_ratio_seeds": 5, "seeds": 5})
+    '≥0.85× (3/5)'
+    """
+    if row.get("tokens_ratio") is None:
+        return "—"
+    cell = f"{'≥' if never_reached(row) else ''}{row['tokens_ratio']:.2f}× ({row['reached']}/{row['seeds']})"
+    if row.get("tokens_ratio_ci95"):
+        lo, hi = row["tokens_ratio_ci95"]
+        cell += f" [{lo:.2f}, {hi:.2f}]"
+    return cell
 
 
 def zero_signal_share(step_metrics: list[dict]) -> float:

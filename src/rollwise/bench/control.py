@@ -18,8 +18,9 @@ Reported per task and arm:
   difference";
 - generated tokens to reach the baseline's final accuracy: for each seed, the first eval at
   which the arm's accuracy is at least the same seed's ``none`` final accuracy, as a ratio to
-  the tokens ``none`` itself took to first reach it (geometric mean over the seeds that reached
-  it; ``reached`` counts them);
+  the tokens ``none`` itself took to first reach it (geometric mean over seeds, with its interval;
+  a seed that never reached it counts at the tokens of its last eval, a lower bound, and the cell
+  shows ``≥``; ``reached`` counts the seeds that did);
 - the share of trained groups with zero signal (all rewards equal), over every step;
 - wall time per run (mean), and the controller's own metrics (``control/*``, step means).
 
@@ -35,9 +36,9 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from rollwise.bench.compare import (departs_at, metric_means, paired, ratio_mean, tokens_ratios, tokens_to_reach,
+from rollwise.bench.compare import (departs_at, metric_means, paired, ratio_cell, tokens_ratio_fields, tokens_to_reach,
                                     zero_signal_share)
-from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, grid, load_settings, ratio_cell, rl_sets, seed_sets,
+from rollwise.bench.harness import (NOISE_FLOOR, TaskBenchConfig, grid, load_settings, rl_sets, seed_sets,
                                     session, table, task_sets, task_warm_start, threads_set, train_run, write_json)
 from rollwise.bench.ledger import control_line, delta, verdict_cell
 from rollwise.bench.stats import add_holm
@@ -101,12 +102,11 @@ def summarize(runs: dict[str, list[dict]], arms: list[str]) -> dict[str, dict]:
     for arm in arms:
         rs = runs[arm]
         acc = [r["final_accuracy"] for r in rs]
-        ratios = tokens_ratios({r["seed"]: r for r in rs}, base)
         control = metric_means([m for r in rs for m in r["step_metrics"]])
         table[arm] = {
             "accuracy_mean": statistics.mean(acc), "accuracy_spread": max(acc) - min(acc), "accuracies": acc,
             "initial_accuracy": rs[0]["initial_accuracy"],
-            "tokens_ratio": ratio_mean(ratios)[0], "reached": len(ratios), "seeds": len(rs),
+            **tokens_ratio_fields({r["seed"]: r for r in rs}, base), "seeds": len(rs),
             "zero_signal_share": statistics.mean(zero_signal_share(r["step_metrics"]) for r in rs),
             "wall_seconds": statistics.mean(r["wall_seconds"] for r in rs),
             "steps": statistics.mean(r["steps"] for r in rs), "control": control,

@@ -322,8 +322,3 @@ def table(title: str, columns: tuple[str, ...], rows: list[list[str]], left: tup
     for row in rows:
         t.add_row(*row)
     return t
-
-
-def ratio_cell(row: dict) -> str:
-    """'0.85x (3/5)': tokens to the baseline's final accuracy, and how many seeds reached it."""
-    return "—" if row["tokens_ratio"] is None else f"{row['tokens_ratio']:.2f}x ({row['reached']}/{row['seeds']})"

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from rollwise.bench.arms import BASELINE, arm_lines, baseline_of, split_arm
-from rollwise.bench.compare import censored_tokens_ratios, departs_at, metric_means, paired, ratio_mean
+from rollwise.bench.compare import departs_at, metric_means, paired, ratio_cell, tokens_ratio_fields
 from rollwise.bench.harness import NOISE_FLOOR
-from rollwise.bench.reading import method_arms, never_reached, reading_lines
+from rollwise.bench.reading import method_arms, reading_lines
 from rollwise.bench.stats import add_holm, identical_groups, seed_test, verdict
 
 RULE = ("Δ: the arm's greedy accuracy minus its baseline's, in points, paired by seed and by prompt (the same "
@@ -94,16 +94,14 @@ def summarize(runs: list[dict], arms: list[str]) -> dict[str, dict]:
             continue
         base = {s: r for s, r in by_arm.get(baseline_of(arm), {}).items() if "refused" not in r}
         seeds = sorted(s for s in rs if s in base)
-        ratios, curves = censored_tokens_ratios(rs, base), [r["curve"] for r in rs.values() if r.get("curve")]
-        ratio, ratio_ci = ratio_mean([x for x, _ in ratios])  # geometric: 2x and 0.5x equally far from 1
+        curves = [r["curve"] for r in rs.values() if r.get("curve")]
         row = {"ids": [arm], "lines": arm_lines(arm), "seeds": len(rs),
                "accuracies": [rs[s]["final_accuracy"] for s in sorted(rs)],
                "accuracy_mean": statistics.mean(rs[s]["final_accuracy"] for s in rs),
                "steps_mean": statistics.mean(r.get("steps", 0) for r in rs.values()),
                "wall_seconds": statistics.mean(r["wall_seconds"] for r in rs.values()),
-               # a seed that never reached the baseline's final accuracy counts at its lower bound (a "≥" ratio)
-               "tokens_ratio": ratio, "reached": sum(r for _, r in ratios), "tokens_ratio_seeds": len(ratios),
-               "tokens_ratio_ci95": ratio_ci,
+               # geometric; a seed that never reached the baseline's final accuracy counts at its lower bound
+               **tokens_ratio_fields(rs, base),
                "curve": mean_curve(curves) if curves else None,  # accuracy over generated tokens, mean over seeds
                "zero_signal_share": _mean([r.get("zero_signal_share") for r in rs.values()]),
                "control": metric_means([r.get("control", {}) for r in rs.values()]),  # mean of the runs' means
@@ -187,12 +185,7 @@ def cells(arm: str, row: dict) -> list[str]:
     line = ", ".join(f"`{x}`" for x in row["lines"]) or "—"
     if "refused" in row:
         return [ids, line, *["—"] * 8, f"refused: {row['refused']}"]
-    at_least = "≥" if never_reached(row) else ""  # a seed's ratio is a lower bound
-    ratio = "—" if row["tokens_ratio"] is None else (
-        f"{at_least}{row['tokens_ratio']:.2f}× ({row['reached']}/{row['seeds']})")
-    if row.get("tokens_ratio_ci95"):
-        lo, hi = row["tokens_ratio_ci95"]
-        ratio += f" [{lo:.2f}, {hi:.2f}]"
+    ratio = ratio_cell(row)
     p = "—" if row.get("p") is None else _p(row["p"])
     if row.get("p_holm") is not None:
         p += f" (Holm {_p(row['p_holm'])})"

@@ -28,6 +28,7 @@ reads by it.
 from __future__ import annotations
 
 from rollwise.bench.arms import baseline_of, split_arm
+from rollwise.bench.compare import never_reached
 from rollwise.bench.harness import NOISE_FLOOR
 from rollwise.bench.stats import LEVEL, NO_DIFFERENCE
 
@@ -38,12 +39,6 @@ def _points(claim: dict) -> str:
     ci = claim.get("ci95")
     interval = f" [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}]" if ci else ""
     return f"Δ {claim['difference'] * 100:+.1f}{interval} points"
-
-
-def never_reached(row: dict) -> int:
-    """The row's seeds that never reached the baseline's final accuracy (their tokens ratio only a lower
-    bound); 0 for a row written before they were counted."""
-    return row.get("tokens_ratio_seeds", row.get("reached", 0)) - row.get("reached", 0)
 
 
 def method_arms(rows: dict[str, dict]) -> list[str]:

@@ -11,23 +11,15 @@ import argparse
 import json
 from pathlib import Path
 
-from rollwise.bench.async_mode import at_step
-from rollwise.bench.compare import ratio_cell, tokens_ratio_fields
+from rollwise.bench.async_mode import tokens_to_sync_final
+from rollwise.bench.compare import ratio_cell
 
 
 def ratios(data: dict) -> dict[str, dict]:
     steps, runs = data["settings"]["steps"], data["runs"]
     base = {r["seed"]: r for r in runs["sync"]}
-    out = {}
-    for arm in data["settings"]["arms"]:
-        mine, theirs = {}, {}
-        for r in runs.get(arm, []):
-            b = base[r["seed"]]
-            mine[r["seed"]] = {"curve": [(c["tokens"], c["accuracy"]) for c in r["curve"]]}
-            theirs[r["seed"]] = {"final_accuracy": at_step(b, steps)["accuracy"],
-                                 "curve": [(c["tokens"], c["accuracy"]) for c in b["curve"] if c["step"] <= steps]}
-        out[arm] = {**tokens_ratio_fields(mine, theirs), "seeds": len(mine)}
-    return out
+    return {arm: {**tokens_to_sync_final(runs.get(arm, []), base, steps), "seeds": len(runs.get(arm, []))}
+            for arm in data["settings"]["arms"]}
 
 
 def main() -> None:

@@ -146,7 +146,7 @@ def summarize(runs: dict[str, list[dict]], arms: list[str], steps: int) -> dict[
         rs = runs.get(arm) or []
         if not rs:
             continue
-        speed, at_wall, base_at_wall, mine_curves, base_curves = [], [], [], {}, {}
+        speed, at_wall, base_at_wall = [], [], []
         for r in rs:
             b = base.get(r["seed"])
             if b is None:
@@ -156,9 +156,6 @@ def summarize(runs: dict[str, list[dict]], arms: list[str], steps: int) -> dict[
             wall = min(theirs["wall"], mine["wall"])  # the faster run's time to `steps`
             at_wall.append(accuracy_at_wall(r["curve"], wall))
             base_at_wall.append(accuracy_at_wall(b["curve"], wall))
-            mine_curves[r["seed"]] = {"curve": [(c["tokens"], c["accuracy"]) for c in r["curve"]]}
-            base_curves[r["seed"]] = {"final_accuracy": theirs["accuracy"],
-                                      "curve": [(c["tokens"], c["accuracy"]) for c in b["curve"] if c["step"] <= steps]}
         ends = [at_step(r, steps) for r in rs]
         acc = [c["accuracy"] for c in ends]
         last = [r["step_metrics"][-1] for r in rs if r["step_metrics"]]
@@ -174,12 +171,26 @@ def summarize(runs: dict[str, list[dict]], arms: list[str], steps: int) -> dict[
             "staleness": {str(k): v for k, v in
                           staleness_histogram([m for r in rs for m in r["step_metrics"]]).items()},
             "idle_fraction": idle,
-            **tokens_ratio_fields(mine_curves, base_curves),
+            **tokens_to_sync_final(rs, base, steps),
             "tokens_at_steps": statistics.mean(c["tokens"] for c in ends),
             "final_accuracy_mean": statistics.mean(r["final_accuracy"] for r in rs), "seeds": len(rs),
         } | ({} if arm == "sync" else effect_at_steps(rs, base, steps))
     add_holm(rows, [arm for arm in rows if arm not in ("sync", NOISE_FLOOR)])  # the family-wise reading
     return rows
+
+
+def tokens_to_sync_final(rs: list[dict], base: dict[int, dict], steps: int) -> dict:
+    """Generated tokens to reach ``sync``'s accuracy at ``steps``, over ``sync``'s own, per seed with a
+    ``sync`` run (``tokens_ratio_fields``: geometric mean, never-reached seeds at their lower bound)."""
+    mine, theirs = {}, {}
+    for r in rs:
+        b = base.get(r["seed"])
+        if b is None:
+            continue
+        mine[r["seed"]] = {"curve": [(c["tokens"], c["accuracy"]) for c in r["curve"]]}
+        theirs[r["seed"]] = {"final_accuracy": at_step(b, steps)["accuracy"],
+                             "curve": [(c["tokens"], c["accuracy"]) for c in b["curve"] if c["step"] <= steps]}
+    return tokens_ratio_fields(mine, theirs)
 
 
 def effect_at_steps(rs: list[dict], base: dict[int, dict], steps: int) -> dict:
